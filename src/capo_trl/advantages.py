@@ -1,0 +1,140 @@
+"""Advantage estimators and the noise mask, as pure tensor functions.
+
+Everything here works on the *global* batch laid out as contiguous prompt groups of
+``num_generations`` completions (TRL's layout), is vectorised over groups, and has no trainer,
+no I/O and no state. The CAPO formulas of ``CAPO.md`` live in :func:`capo_advantages`.
+
+Conventions shared by every function:
+
+* ``rewards`` is a float tensor of shape ``(N,)``; ``NaN`` marks an unscorable completion (every
+  reward function returned ``None``). Such rows get advantage ``0`` and take part in no pair.
+* ``scores`` is ``s_i``, the mean completion-token log-prob under the rollout policy
+  (``-log PPL``), detached. Non-finite scores are treated like NaN rewards.
+"""
+
+from __future__ import annotations
+
+import torch
+from trl.trainer.utils import nanstd
+
+NORMALIZATIONS = ("group", "pairs", "none")
+SURROGATES = ("logistic", "linear")
+GRPO_SCALES = ("group", "batch", "none")
+
+
+def _grouped(x: torch.Tensor, num_generations: int, name: str) -> torch.Tensor:
+    if x.dim() != 1:
+        raise ValueError(f"`{name}` must be 1-D (one value per completion), got shape {tuple(x.shape)}.")
+    if num_generations < 1 or x.numel() % num_generations != 0:
+        raise ValueError(
+            f"`{name}` has {x.numel()} entries, which is not a multiple of num_generations={num_generations}; "
+            "completions of one prompt must be contiguous groups of num_generations."
+        )
+    return x.view(-1, num_generations)
+
+
+def capo_advantages(
+    rewards: torch.Tensor,
+    scores: torch.Tensor,
+    num_generations: int,
+    tau: float | torch.Tensor = 0.6,
+    normalization: str = "group",
+    surrogate: str = "logistic",
+) -> torch.Tensor:
+    r"""CAPO's pairwise, perplexity-aware advantage: ``A~_i = -dL/ds_i``.
+
+    ``L = sum_{a,b} w_ab phi_tau(s_a - s_b)`` with ``w_ab = max(R_a - R_b, 0)`` and the logistic
+    AUC surrogate ``phi_tau(t) = log(1 + exp(-t / tau))``. Writing ``M_ab = w_ab sigma((s_b - s_a)/tau)/tau``
+    gives ``A~ = M.sum(1) - M.sum(0)`` per group: a correct completion gains most when it is *less*
+    confident than the wrong ones, a wrong one loses most when it is *more* confident. Pairs already
+    ranked right by a wide margin get almost no gradient.
+
+    ``surrogate="linear"`` (``phi(t) = -t``) with ``normalization="group"`` gives exactly
+    ``R_i - mean(R)`` (Dr. GRPO), which is what makes GRPO AUC-inconsistent.
+
+    Args:
+        rewards: ``(N,)`` total reward per completion, NaN = unscorable.
+        scores: ``(N,)`` mean completion-token log-prob under the rollout policy.
+        num_generations: group size ``G``; ``N`` must be a multiple of it.
+        tau: surrogate temperature (> 0), a float or a ``(N // G,)`` tensor (one per group).
+        normalization: ``"group"`` divides by the number of scorable completions of the group,
+            ``"pairs"`` by the number of ordered pairs with ``R_a > R_b``, ``"none"`` leaves the sum.
+        surrogate: ``"logistic"`` (CAPO) or ``"linear"`` (reward-only, GRPO-like).
+
+    Returns:
+        ``(N,)`` float tensor, zero for unscorable rows and for groups whose rewards all tie.
+    """
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"normalization={normalization!r}; expected one of {NORMALIZATIONS}.")
+    if surrogate not in SURROGATES:
+        raise ValueError(f"surrogate={surrogate!r}; expected one of {SURROGATES}.")
+    R = _grouped(rewards.float(), num_generations, "rewards")
+    s = _grouped(scores.to(R.device, torch.float32), num_generations, "scores")
+    valid = torch.isfinite(R) & torch.isfinite(s)
+    R = torch.where(valid, R, 0.0)
+    s = torch.where(valid, s, 0.0)
+    pair_valid = valid[:, :, None] & valid[:, None, :]
+    W = torch.relu(R[:, :, None] - R[:, None, :]) * pair_valid  # w_ab, (groups, G, G)
+    if surrogate == "logistic":
+        tau_t = torch.as_tensor(tau, dtype=torch.float32, device=R.device)
+        if bool((tau_t <= 0).any()) or not bool(torch.isfinite(tau_t).all()):
+            raise ValueError(f"tau must be finite and > 0, got {tau}.")
+        tau_t = tau_t.reshape(-1, 1, 1) if tau_t.dim() else tau_t
+        D = s[:, :, None] - s[:, None, :]  # s_a - s_b
+        M = W * torch.sigmoid(-D / tau_t) / tau_t
+    else:
+        M = W
+    adv = M.sum(dim=2) - M.sum(dim=1)
+    if normalization == "group":
+        adv = adv / valid.sum(dim=1, keepdim=True).clamp(min=1)
+    elif normalization == "pairs":
+        adv = adv / (W > 0).sum(dim=(1, 2)).clamp(min=1).unsqueeze(1)
+    return torch.where(valid, adv, 0.0).reshape(-1)
+
+
+def grpo_advantages(rewards: torch.Tensor, num_generations: int, scale: str = "group") -> torch.Tensor:
+    """GRPO's reward-only advantage, the formula TRL's ``scale_rewards`` uses.
+
+    ``(R - group mean) / (std + 1e-4)`` with the std of the group (``"group"``), of the whole batch
+    (``"batch"``) or none (``"none"``, Dr. GRPO). NaN rewards are left out of the statistics and get 0.
+    """
+    if scale not in GRPO_SCALES:
+        raise ValueError(f"scale={scale!r}; expected one of {GRPO_SCALES}.")
+    R = _grouped(rewards.float(), num_generations, "rewards")
+    centred = R - torch.nanmean(R, dim=1, keepdim=True)
+    if scale == "group":
+        std = nanstd(R, dim=1, keepdim=True) if num_generations > 1 else torch.zeros_like(centred[:, :1])
+        centred = centred / (std + 1e-4)
+    elif scale == "batch":
+        std = nanstd(R) if R.numel() > 1 else torch.zeros(())
+        centred = centred / (std + 1e-4)
+    return torch.nan_to_num(centred.reshape(-1), nan=0.0)
+
+
+def noise_mask(
+    rewards: torch.Tensor,
+    ref_ppl: torch.Tensor,
+    ref_high: float = 2.5,
+    ref_low: float = 1.05,
+    correct_threshold: float = 0.5,
+) -> torch.Tensor:
+    """CAPO's reference-perplexity noise mask; ``True`` = keep the completion in the loss.
+
+    The reference model (the initial policy) is taken as calibrated, so a *correct* answer it finds
+    implausible (``PPL_ref > ref_high``: a lucky guess) and a *wrong* answer it finds near-certain
+    (``PPL_ref < ref_low``: likely a grader miss) are treated as label noise and dropped. Both
+    thresholds are inclusive keeps. Rows without evidence (NaN reward or NaN PPL) are kept.
+    """
+    ppl = ref_ppl.to(rewards.device, torch.float32)
+    correct = rewards >= correct_threshold
+    wrong = rewards < correct_threshold  # NaN compares False on both sides
+    drop = (correct & (ppl > ref_high)) | (wrong & (ppl < ref_low))
+    return ~drop
+
+
+def mean_token_logprob(per_token_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-sequence score ``s = mean_t log p`` over masked-in tokens; NaN for an empty mask."""
+    mask = mask.to(per_token_logps.dtype)
+    total = (per_token_logps * mask).sum(dim=-1)
+    count = mask.sum(dim=-1)
+    return torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, float("nan")))

@@ -1,0 +1,121 @@
+"""`CAPOConfig`: GRPOConfig plus the fields of Calibration-Aware Policy Optimization."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+from .advantages import NORMALIZATIONS, SURROGATES
+
+ESTIMATORS = ("capo", "grpo")
+
+
+@dataclass
+class CAPOConfig(GRPOConfig):
+    r"""Configuration for [`CAPOTrainer`]: every [`trl.GRPOConfig`] field plus the CAPO fields below.
+
+    Migration from TRL is `s/GRPOConfig/CAPOConfig/`. With `advantage_estimator="grpo"` (and the
+    default `noise_mask=None`) training is exactly GRPOTrainer's, with calibration metrics logged.
+
+    Parameters:
+        advantage_estimator (`str`, defaults to `"capo"`):
+            `"capo"`: the pairwise, perplexity-aware advantage. `"grpo"`: TRL's own advantages, untouched.
+        tau (`float`, defaults to `0.6`):
+            Temperature of the logistic AUC surrogate, in nats of mean token log-prob. The paper uses
+            0.6 (1.5B) / 0.5 (7B). It must match the spread of the scores within a group: much larger
+            than that spread and CAPO degenerates into a rescaled Dr. GRPO.
+        advantage_normalization (`str`, defaults to `"group"`):
+            Divide each group's CAPO advantages by the group size (`"group"`), by the number of
+            (better, worse) pairs (`"pairs"`), or not at all (`"none"`).
+        surrogate (`str`, defaults to `"logistic"`):
+            `"logistic"` (CAPO) or `"linear"` (`phi(t) = -t`: reproduces Dr. GRPO's `R - mean(R)`, an ablation).
+        noise_mask (`bool` or `None`, defaults to `None`):
+            Drop correct completions the reference model finds implausible and wrong ones it finds
+            near-certain. `None` means on for `"capo"` and off for `"grpo"` (so `"grpo"` stays a
+            drop-in); `True` with `"grpo"` is the paper's "GRPO + mask" ablation.
+        ref_high (`float`, defaults to `2.5`):
+            A correct completion is kept only if its reference perplexity is <= `ref_high`.
+        ref_low (`float`, defaults to `1.05`):
+            A wrong completion is kept only if its reference perplexity is >= `ref_low`.
+        correct_threshold (`float`, defaults to `0.5`):
+            A completion counts as correct (for the mask and the calibration metrics) when its total
+            reward is >= this value.
+        ref_cache_size (`int`, defaults to `65536`):
+            Number of reference scores kept in an LRU cache keyed on prompt+completion token ids, so a
+            completion seen again costs no reference forward. `0` disables the cache.
+    """
+
+    advantage_estimator: str = field(
+        default="capo",
+        metadata={"help": "Advantage estimator: 'capo' (pairwise perplexity-aware) or 'grpo' (TRL's, untouched).",
+                  "choices": list(ESTIMATORS)},
+    )
+    tau: float = field(
+        default=0.6,
+        metadata={"help": "Temperature of the logistic AUC surrogate (> 0), in nats of mean token log-prob. "
+                  "Should match the within-group spread of the scores; paper: 0.6 (1.5B), 0.5 (7B)."},
+    )
+    advantage_normalization: str = field(
+        default="group",
+        metadata={"help": "Divide CAPO advantages by the group size ('group'), the number of pairs ('pairs') or "
+                  "nothing ('none').", "choices": list(NORMALIZATIONS)},
+    )
+    surrogate: str = field(
+        default="logistic",
+        metadata={"help": "Pairwise surrogate: 'logistic' (CAPO) or 'linear' (equals Dr. GRPO; ablation).",
+                  "choices": list(SURROGATES)},
+    )
+    noise_mask: bool | None = field(
+        default=None,
+        metadata={"help": "Reference-perplexity noise mask. Default (None): on for 'capo', off for 'grpo'."},
+    )
+    ref_high: float = field(
+        default=2.5,
+        metadata={"help": "Keep a correct completion only if its reference perplexity is <= ref_high."},
+    )
+    ref_low: float = field(
+        default=1.05,
+        metadata={"help": "Keep a wrong completion only if its reference perplexity is >= ref_low."},
+    )
+    correct_threshold: float = field(
+        default=0.5,
+        metadata={"help": "A completion is correct when its total reward is >= this value."},
+    )
+    ref_cache_size: int = field(
+        default=65536,
+        metadata={"help": "Entries of the LRU cache of reference scores (0 disables it)."},
+    )
+
+    def __post_init__(self):
+        self._validate_capo_fields()
+        if self.noise_mask is None:
+            self.noise_mask = self.advantage_estimator == "capo"
+        super().__post_init__()
+
+    def _validate_capo_fields(self) -> None:
+        def bad(name, allowed):
+            return ValueError(f"CAPOConfig.{name}={getattr(self, name)!r} is invalid; {allowed}.")
+
+        if self.advantage_estimator not in ESTIMATORS:
+            raise bad("advantage_estimator", f"choose one of {ESTIMATORS}")
+        if self.advantage_normalization not in NORMALIZATIONS:
+            raise bad("advantage_normalization", f"choose one of {NORMALIZATIONS}")
+        if self.surrogate not in SURROGATES:
+            raise bad("surrogate", f"choose one of {SURROGATES}")
+        for name in ("tau", "ref_high", "ref_low"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+                raise bad(name, "it must be a finite number > 0")
+        if self.ref_low < 1.0 or self.ref_high < 1.0:
+            raise ValueError(
+                f"CAPOConfig.ref_high={self.ref_high} / ref_low={self.ref_low} are perplexities, which are >= 1; "
+                "values below 1 would drop every wrong completion or keep no correct one."
+            )
+        if not isinstance(self.correct_threshold, (int, float)) or not math.isfinite(self.correct_threshold):
+            raise bad("correct_threshold", "it must be a finite number")
+        if self.noise_mask not in (None, True, False):
+            raise bad("noise_mask", "use true, false, or leave it unset")
+        if not isinstance(self.ref_cache_size, int) or isinstance(self.ref_cache_size, bool) or self.ref_cache_size < 0:
+            raise bad("ref_cache_size", "it must be an integer >= 0 (0 disables the cache)")

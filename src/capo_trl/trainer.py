@@ -1,0 +1,291 @@
+"""`CAPOTrainer`: GRPOTrainer with CAPO's advantage and noise mask. Thin glue around ``advantages.py``.
+
+It wraps (never copies) three GRPOTrainer methods:
+
+* ``_calculate_rewards``: keeps the gathered ``(N_global, n_funcs)`` reward tensor;
+* ``_generate_single_turn``: records the rollout's token log-probs while transformers samples
+  (so CAPO needs no second policy forward);
+* ``_generate_and_score_completions``: scores every completion, computes advantages and the mask
+  on the global batch, writes this process's slice back, and logs calibration metrics.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+import warnings
+
+import torch
+import trl
+from accelerate.utils import is_peft_model
+from packaging.version import Version
+from trl import GRPOTrainer
+from trl.models import prepare_deepspeed, prepare_fsdp
+from trl.models.utils import disable_gradient_checkpointing
+from trl.trainer.utils import (
+    add_fused_lm_head,
+    create_model_from_path,
+    disable_dropout_in_model,
+    get_config_model_id,
+    use_adapter,
+)
+
+from .advantages import capo_advantages, mean_token_logprob, noise_mask
+from .calibration import auroc, auroc_per_question
+from .config import CAPOConfig
+from .reference import ReferenceScoreCache, RolloutLogprobRecorder, sequence_keys
+
+TESTED_TRL = "1.16"
+if ".".join(Version(trl.__version__).base_version.split(".")[:2]) != TESTED_TRL:
+    raise ImportError(
+        f"capo-trl wraps private GRPOTrainer methods and was tested with trl {TESTED_TRL}.x, but trl "
+        f"{trl.__version__} is installed. Install a matching version: pip install 'trl=={TESTED_TRL}.*'."
+    )
+
+# Extra model inputs TRL's forward accepts (multimodal); passed through unchanged when present.
+_FORWARD_KEYS = (
+    "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+    "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
+)
+
+
+class CAPOTrainer(GRPOTrainer):
+    """Calibration-Aware Policy Optimization (Wang et al., ACL 2026) as a drop-in `GRPOTrainer`.
+
+    Same constructor as [`trl.GRPOTrainer`]; pass a [`CAPOConfig`]. With the default
+    `advantage_estimator="capo"` the reward-only advantage is replaced by the pairwise logistic
+    AUC-surrogate advantage of :func:`capo_trl.advantages.capo_advantages`, and completions flagged
+    by the reference-perplexity noise mask leave the loss. Every estimator, `"grpo"` included,
+    logs `capo/*` calibration metrics of the rollout (AUROC of mean token log-prob vs correctness).
+    """
+
+    _tag_names = ["trl", "grpo", "capo"]
+    _name = "CAPO"
+
+    def __init__(self, model, reward_funcs=None, args: CAPOConfig | None = None, *pargs, **kwargs):
+        if args is None:
+            name = model if isinstance(model, str) else get_config_model_id(model.config) or "model"
+            args = CAPOConfig(output_dir=f"{name.split('/')[-1]}-CAPO")
+        elif not isinstance(args, CAPOConfig):
+            raise TypeError(
+                f"CAPOTrainer needs a CAPOConfig, got {type(args).__name__}. Replace GRPOConfig(...) with "
+                "CAPOConfig(...): it accepts every GRPOConfig field."
+            )
+        bound = inspect.signature(GRPOTrainer.__init__).bind(self, model, reward_funcs, args, *pargs, **kwargs)
+        peft_config = bound.arguments.get("peft_config")
+        self._quantization_config = bound.arguments.get("quantization_config")
+        needs_own_ref = bool(args.noise_mask) and args.beta == 0.0 and peft_config is None and (
+            isinstance(model, str) or not is_peft_model(model)
+        )
+        # The reference is the *initial* policy: copy an in-memory model before TRL patches or trains it.
+        ref_source = copy.deepcopy(model) if needs_own_ref and not isinstance(model, str) else model
+        super().__init__(model, reward_funcs, args, *pargs, **kwargs)
+        self._capo_ref_model = self._build_reference(ref_source) if needs_own_ref else None
+        self._ref_cache = ReferenceScoreCache(args.ref_cache_size)
+        self._ref_cache_usable = args.ref_cache_size > 0 and not (self._dist.is_zero3 or self.is_fsdp_enabled)
+        self._rewards_per_func: torch.Tensor | None = None
+        self._rollout_logps: list[list[float]] | None = None
+        self._warned: set[str] = set()
+
+    # ----------------------------------------------------------------------------------- setup
+    def _build_reference(self, source) -> torch.nn.Module:
+        """A frozen copy of the initial policy, prepared the way TRL prepares its own reference."""
+        if isinstance(source, str):
+            init_kwargs = dict(self.args.model_init_kwargs or {})
+            if self.args.distributed_state.distributed_type in ["MULTI_GPU", "DEEPSPEED"]:
+                init_kwargs["device_map"] = None
+            if self._quantization_config is not None:
+                init_kwargs["quantization_config"] = self._quantization_config
+            init_kwargs.setdefault("trust_remote_code", self.args.trust_remote_code)
+            init_kwargs.setdefault("dtype", self.model.dtype)
+            init_kwargs.setdefault("attn_implementation", self.model.config._attn_implementation)
+            ref = create_model_from_path(source, **init_kwargs)
+        else:
+            ref = source
+        ref.requires_grad_(False)
+        ref.eval()
+        disable_dropout_in_model(ref)
+        add_fused_lm_head(ref, temperature=self.temperature, cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
+        if self.is_deepspeed_enabled:
+            return prepare_deepspeed(ref, self.accelerator)
+        if self.is_fsdp_enabled:
+            return prepare_fsdp(ref, self.accelerator)
+        return self.accelerator.prepare_model(ref, evaluation_mode=True)
+
+    # ----------------------------------------------------------------------------------- hooks
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        self._rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        return self._rewards_per_func
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        if not self._records_rollout_logps():
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
+                                                 has_tool_images)
+        recorder = RolloutLogprobRecorder(self.temperature)
+        with recorder.attached(self.accelerator.unwrap_model(self.model_wrapped)):
+            completion_ids, logprobs = super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+            )
+        self._rollout_logps = recorder.per_sequence(completion_ids)
+        return completion_ids, logprobs
+
+    def _records_rollout_logps(self) -> bool:
+        """Record during plain transformers sampling, unless TRL computes the old log-probs anyway."""
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        trl_scores_rollout = self.args.gradient_accumulation_steps % generate_every != 0
+        penalty = getattr(self.generation_config, "repetition_penalty", None)
+        return not (
+            self.use_vllm or self.use_transformers_continuous_batching or self.tools or self.rollout_func
+            or trl_scores_rollout or penalty not in (None, 1.0)
+        )
+
+    def _generate_and_score_completions(self, inputs):
+        self._rewards_per_func, self._rollout_logps = None, None
+        out = super()._generate_and_score_completions(inputs)
+        mode = "train" if self.model.training else "eval"
+        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
+        args = self.args
+        loss_mask = out["completion_mask"] * out["tool_mask"] if "tool_mask" in out else out["completion_mask"]
+        rewards = self._total_rewards()
+        scores = self.accelerator.gather(self._rollout_scores(out, loss_mask))
+        local = slice(self.accelerator.process_index * len(inputs), (self.accelerator.process_index + 1) * len(inputs))
+
+        ref_ppl = keep = None
+        if args.noise_mask:
+            ref_ppl = self.accelerator.gather(torch.exp(-self._reference_scores(out, loss_mask)))
+            keep = noise_mask(rewards, ref_ppl, args.ref_high, args.ref_low, args.correct_threshold)
+            self._warn_if_mask_empties_a_class(rewards, ref_ppl, keep)
+
+        if args.advantage_estimator == "capo":
+            advantages = capo_advantages(
+                rewards, scores, num_generations, args.tau, args.advantage_normalization, args.surrogate
+            )
+        else:
+            advantages = self.accelerator.gather(out["advantages"])
+        if keep is not None:
+            advantages = advantages * keep
+            keep_local = keep[local].to(out["completion_mask"].dtype).unsqueeze(1)
+            out["completion_mask"] = out["completion_mask"] * keep_local
+            loss_mask = loss_mask * keep_local
+            out["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        if args.advantage_estimator != "grpo" or keep is not None:
+            out["advantages"] = advantages[local].to(out["advantages"].dtype)
+            self._replace_logged_advantages(advantages)
+
+        self._log_calibration(mode, rewards, scores, advantages, num_generations, ref_ppl, keep)
+        return out
+
+    # ----------------------------------------------------------------------------------- inputs
+    def _total_rewards(self) -> torch.Tensor:
+        """Weighted sum of the reward functions, NaN where every function returned None (TRL's rule)."""
+        per_func = self._rewards_per_func
+        weights = self.reward_weights.to(per_func.device).unsqueeze(0)
+        total = (per_func * weights).nansum(dim=1)
+        return total.masked_fill(torch.isnan(per_func).all(dim=1), float("nan"))
+
+    def _forward_logps(self, model, out, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """One no-grad forward through TRL's own log-prob routine (same temperature and masking as the loss)."""
+        take = (lambda t: t) if rows is None else (lambda t: t[rows])
+        input_ids = torch.cat([take(out["prompt_ids"]), take(out["completion_ids"])], dim=1)
+        attention_mask = torch.cat([take(out["prompt_mask"]), take(out["completion_mask"])], dim=1)
+        extra = {k: out[k] for k in _FORWARD_KEYS if k in out}
+        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            logps, _, _ = self._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, out["completion_ids"].size(1),
+                batch_size=self.args.per_device_train_batch_size, **extra,
+            )
+        return logps
+
+    def _rollout_scores(self, out, loss_mask) -> torch.Tensor:
+        """s_i under the policy that sampled: TRL's old log-probs, else the recorded ones, else a forward."""
+        if "old_per_token_logps" in out:
+            per_token = out["old_per_token_logps"]
+        elif self._rollout_logps is not None:
+            width = out["completion_ids"].size(1)
+            per_token = torch.zeros(len(self._rollout_logps), width, device=loss_mask.device)
+            for i, row in enumerate(self._rollout_logps):
+                per_token[i, : len(row)] = torch.tensor(row[:width])
+        else:
+            per_token = self._forward_logps(self.model, out)
+        return mean_token_logprob(per_token, loss_mask)
+
+    def _reference_scores(self, out, loss_mask) -> torch.Tensor:
+        """Mean token log-prob under the reference: TRL's when beta > 0, else cached or one forward."""
+        if "ref_per_token_logps" in out:
+            return mean_token_logprob(out["ref_per_token_logps"], loss_mask)
+        n = loss_mask.size(0)
+        scores = torch.full((n,), float("nan"), device=loss_mask.device)
+        multimodal = any(k in out for k in _FORWARD_KEYS)
+        keys = sequence_keys(out["prompt_ids"], out["prompt_mask"], out["completion_ids"], loss_mask)
+        if self._ref_cache_usable and not multimodal:
+            for i, key in enumerate(keys):
+                hit = self._ref_cache.get(key)
+                if hit is not None:
+                    scores[i] = hit
+        missing = torch.isnan(scores).nonzero().squeeze(1)
+        if missing.numel() == 0:
+            return scores
+        rows = None if missing.numel() == n else missing
+        if self._capo_ref_model is not None:
+            logps = self._forward_logps(self._capo_ref_model, out, rows)
+        else:  # PEFT: the base model with the adapter disabled (or TRL's "ref" adapter when present)
+            unwrapped = self.accelerator.unwrap_model(self.model)
+            with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None):
+                logps = self._forward_logps(self.model, out, rows)
+        fresh = mean_token_logprob(logps, loss_mask[missing])
+        scores[missing] = fresh
+        if self._ref_cache_usable and not multimodal:
+            for i, value in zip(missing.tolist(), fresh.tolist()):
+                if not math.isnan(value):
+                    self._ref_cache.put(keys[i], value)
+        return scores
+
+    # ----------------------------------------------------------------------------------- logging
+    def _replace_logged_advantages(self, advantages: torch.Tensor) -> None:
+        """Keep the completions table in sync: TRL appended its own advantages for this batch."""
+        logged = self._logs["advantages"]
+        for _ in range(min(len(advantages), len(logged))):
+            logged.pop()
+        logged.extend(advantages.tolist())
+
+    def _log_calibration(self, mode, rewards, scores, advantages, num_generations, ref_ppl, keep) -> None:
+        metrics = self._metrics[mode]
+        valid = torch.isfinite(rewards) & torch.isfinite(scores)
+        correct = rewards >= self.args.correct_threshold
+        groups = torch.arange(rewards.numel(), device=rewards.device) // num_generations
+        s, c, g = scores[valid].cpu().numpy(), correct[valid].cpu().numpy(), groups[valid].cpu().numpy()
+        metrics["capo/auroc"].append(auroc(s, c))
+        metrics["capo/auroc_group"].append(auroc_per_question(s, c, g)[0])
+        n_correct = torch.zeros(groups.max().item() + 1, device=rewards.device).index_add_(
+            0, groups[valid], correct[valid].float())
+        n_valid = torch.bincount(groups[valid], minlength=n_correct.numel()).float()
+        mixed = (n_correct > 0) & (n_correct < n_valid)
+        metrics["capo/mixed_group_frac"].append(mixed.float().mean().item())
+        metrics["capo/adv_abs_mean"].append(advantages[valid].abs().mean().item() if valid.any() else 0.0)
+        kept = keep if keep is not None else torch.ones_like(valid)
+        metrics["capo/kept_frac"].append(kept.float().mean().item())
+        metrics["capo/dropped_correct"].append((~kept & correct).float().mean().item())
+        metrics["capo/dropped_wrong"].append((~kept & ~correct & torch.isfinite(rewards)).float().mean().item())
+        if ref_ppl is not None:
+            metrics["capo/ref_ppl_mean"].append(torch.nanmean(ref_ppl).item())
+            if self._capo_ref_model is not None or is_peft_model(self.accelerator.unwrap_model(self.model)):
+                metrics["capo/ref_cache_hit_rate"].append(self._ref_cache.hit_rate)
+
+    def _warn_if_mask_empties_a_class(self, rewards, ref_ppl, keep) -> None:
+        """The paper's thresholds assume its models; say so loudly when they drop a whole class."""
+        correct = rewards >= self.args.correct_threshold
+        wrong = rewards < self.args.correct_threshold
+        for name, members, bound in (("correct", correct, "ref_high"), ("wrong", wrong, "ref_low")):
+            if members.any() and not (keep & members).any() and name not in self._warned:
+                self._warned.add(name)
+                ppl = ref_ppl[members & torch.isfinite(ref_ppl)]
+                span = f"{ppl.min().item():.3g}..{ppl.max().item():.3g}" if ppl.numel() else "n/a"
+                warnings.warn(
+                    f"CAPO noise mask dropped every {name} completion of this batch ({int(members.sum())} of them; "
+                    f"their reference perplexity spans {span}, ref_high={self.args.ref_high}, "
+                    f"ref_low={self.args.ref_low}). The thresholds do not fit this model: CAPO is now training "
+                    f"without {name} answers. Measure thresholds for your model, set {bound} accordingly, or "
+                    "disable the mask with noise_mask=False.",
+                    stacklevel=2,
+                )

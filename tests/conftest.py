@@ -1,0 +1,17 @@
+"""Offline fixtures: a tiny Qwen2 and a character-level tokenizer built from scratch, saved to a temp dir."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+
+from tiny import build_tiny_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """Path of a saved tiny Qwen2ForCausalLM + tokenizer (random weights, ~60k parameters)."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"))

@@ -1,0 +1,189 @@
+"""CAPO.md's formulas: the worked example, invariants as property tests, and the autograd identity."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from capo_trl.advantages import capo_advantages, grpo_advantages, mean_token_logprob, noise_mask
+
+R = torch.tensor([1.0, 1, 0, 0, 0])
+S = torch.tensor([-0.20, -0.60, -0.30, -0.10, -0.90])
+PPL = torch.tensor([1.30, 3.00, 1.02, 1.50, 2.00])
+
+
+@pytest.mark.parametrize(
+    "normalization, expected",
+    [
+        ("none", [2.0624, 2.8284, -1.8015, -2.0644, -1.0250]),
+        ("group", [0.4125, 0.5657, -0.3603, -0.4129, -0.2050]),
+        ("pairs", [0.3437, 0.4714, -0.3002, -0.3441, -0.1708]),
+    ],
+)
+def test_worked_example(normalization, expected):
+    adv = capo_advantages(R, S, 5, tau=0.6, normalization=normalization)
+    torch.testing.assert_close(adv, torch.tensor(expected), atol=1e-4, rtol=0)
+
+
+def test_worked_example_with_mask():
+    keep = noise_mask(R, PPL)
+    assert keep.tolist() == [True, False, False, True, True]
+    adv = capo_advantages(R, S, 5, tau=0.6, normalization="none") * keep
+    torch.testing.assert_close(adv, torch.tensor([2.0624, 0, 0, -2.0644, -1.0250]), atol=1e-4, rtol=0)
+
+
+def pairwise_loss(rewards, scores, tau, surrogate):
+    diff = scores[:, None] - scores[None, :]
+    weight = torch.relu(rewards[:, None] - rewards[None, :])
+    phi = torch.nn.functional.softplus(-diff / tau) if surrogate == "logistic" else -diff
+    return (weight * phi).sum()
+
+
+groups = st.integers(min_value=1, max_value=4)
+gsize = st.integers(min_value=2, max_value=8)
+finite = st.floats(min_value=-30, max_value=0, allow_nan=False, allow_infinity=False)
+reward_values = st.sampled_from([0.0, 1.0, 0.5, 0.25])
+
+
+@st.composite
+def batches(draw, binary=False):
+    n_groups, g = draw(groups), draw(gsize)
+    n = n_groups * g
+    rv = st.sampled_from([0.0, 1.0]) if binary else reward_values
+    rewards = torch.tensor(draw(st.lists(rv, min_size=n, max_size=n)))
+    scores = torch.tensor(draw(st.lists(finite, min_size=n, max_size=n)))
+    tau = draw(st.floats(min_value=0.01, max_value=5.0))
+    return rewards, scores, g, tau
+
+
+@settings(max_examples=150, deadline=None)
+@given(batches(), st.sampled_from(["logistic", "linear"]))
+def test_equals_minus_autograd_of_pairwise_loss(batch, surrogate):
+    rewards, scores, g, tau = batch
+    adv = capo_advantages(rewards, scores, g, tau=tau, normalization="none", surrogate=surrogate)
+    expected = []
+    for r, s in zip(rewards.view(-1, g), scores.view(-1, g)):
+        s = s.double().clone().requires_grad_(True)
+        pairwise_loss(r.double(), s, tau, surrogate).backward()
+        expected.append(-s.grad)
+    torch.testing.assert_close(adv.double(), torch.cat(expected), atol=1e-4, rtol=1e-4)
+
+
+@settings(max_examples=150, deadline=None)
+@given(batches(), st.sampled_from(["group", "pairs", "none"]))
+def test_invariants(batch, normalization):
+    rewards, scores, g, tau = batch
+    adv = capo_advantages(rewards, scores, g, tau=tau, normalization=normalization)
+    assert torch.isfinite(adv).all()
+    for r, s, a in zip(rewards.view(-1, g), scores.view(-1, g), adv.view(-1, g)):
+        scale = a.abs().max().item() + 1.0
+        assert abs(a.sum().item()) <= 1e-4 * scale  # zero-sum before masking
+        if (r == r[0]).all():
+            assert (a == 0).all()  # no pairs, no signal
+
+
+@settings(max_examples=150, deadline=None)
+@given(batches(binary=True))
+def test_binary_signs_and_hard_pair_ordering(batch):
+    rewards, scores, g, tau = batch
+    adv = capo_advantages(rewards, scores, g, tau=tau)
+    for r, s, a in zip(rewards.view(-1, g), scores.view(-1, g), adv.view(-1, g)):
+        assert (a[r == 1] >= 0).all() and (a[r == 0] <= 0).all()
+        cs, ca = s[r == 1], a[r == 1]
+        for i in range(len(cs)):
+            for j in range(len(cs)):
+                if cs[i] < cs[j]:  # the less confident correct answer gets at least as much credit
+                    assert ca[i] >= ca[j] - 1e-6
+
+
+@settings(max_examples=100, deadline=None)
+@given(batches())
+def test_linear_group_is_dr_grpo(batch):
+    rewards, scores, g, _ = batch
+    adv = capo_advantages(rewards, scores, g, surrogate="linear", normalization="group")
+    expected = (rewards.view(-1, g) - rewards.view(-1, g).mean(1, keepdim=True)).view(-1)
+    torch.testing.assert_close(adv, expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(adv, grpo_advantages(rewards, g, scale="none"), atol=1e-6, rtol=0)
+
+
+def test_nan_rewards_are_left_out_of_every_pair():
+    rewards = torch.tensor([1.0, float("nan"), 0.0, 0.0])
+    scores = torch.tensor([-0.5, -0.01, -0.2, -0.9])
+    adv = capo_advantages(rewards, scores, 4, tau=0.3)
+    assert adv[1] == 0
+    alone = capo_advantages(torch.tensor([1.0, 0.0, 0.0]), scores[[0, 2, 3]], 3, tau=0.3)
+    torch.testing.assert_close(adv[[0, 2, 3]], alone)  # same as if the NaN row did not exist
+
+
+def test_non_finite_scores_and_extreme_inputs_never_nan():
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    scores = torch.tensor([float("-inf"), -1e30, 0.0, float("nan")])
+    adv = capo_advantages(rewards, scores, 4, tau=1e-6)
+    assert torch.isfinite(adv).all() and adv[0] == 0 and adv[3] == 0
+
+
+def test_all_equal_and_all_nan_groups_give_zeros():
+    for rewards in (torch.ones(8), torch.zeros(8), torch.full((8,), float("nan"))):
+        adv = capo_advantages(rewards, torch.randn(8), 4)
+        assert (adv == 0).all() and not torch.isnan(adv).any()
+        assert (grpo_advantages(rewards, 4) == 0).all()
+
+
+def test_per_group_tau_tensor():
+    rewards, scores = torch.cat([R, R]), torch.cat([S, S])
+    adv = capo_advantages(rewards, scores, 5, tau=torch.tensor([0.6, 1.2]), normalization="none")
+    torch.testing.assert_close(adv[:5], capo_advantages(R, S, 5, tau=0.6, normalization="none"))
+    torch.testing.assert_close(adv[5:], capo_advantages(R, S, 5, tau=1.2, normalization="none"))
+
+
+def test_grpo_advantages_match_trl_formula():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, float("nan")])
+    adv = grpo_advantages(rewards, 4, scale="group")
+    g1 = torch.tensor([1.0, 0, 0, 1])
+    torch.testing.assert_close(adv[:4], (g1 - g1.mean()) / (g1.std() + 1e-4))
+    g2 = torch.tensor([1.0, 1, 0])
+    torch.testing.assert_close(adv[4:7], (g2 - g2.mean()) / (g2.std() + 1e-4))
+    assert adv[7] == 0
+    batch = grpo_advantages(rewards[:4], 2, scale="batch")
+    torch.testing.assert_close(batch, (g1 - g1.view(2, 2).mean(1).repeat_interleave(2)) / (g1.std() + 1e-4))
+
+
+@pytest.mark.parametrize(
+    "reward, ppl, keep",
+    [
+        (1.0, 2.5, True), (1.0, 2.5001, False), (1.0, 1.0, True),      # correct: keep iff PPL <= ref_high
+        (0.0, 1.05, True), (0.0, 1.0499, False), (0.0, 50.0, True),    # wrong: keep iff PPL >= ref_low
+        (0.5, 3.0, False), (0.4999, 1.01, False),                      # correct_threshold edge (>= 0.5 correct)
+        (float("nan"), 1.0, True), (1.0, float("nan"), True), (0.0, float("nan"), True),  # no evidence: keep
+    ],
+)
+def test_noise_mask_truth_table(reward, ppl, keep):
+    assert noise_mask(torch.tensor([reward]), torch.tensor([ppl])).item() is keep
+
+
+def test_mean_token_logprob_uses_only_masked_tokens():
+    logps = torch.tensor([[-1.0, -3.0, -100.0], [-2.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [0, 0, 0]])
+    out = mean_token_logprob(logps, mask)
+    assert out[0].item() == -2.0 and math.isnan(out[1].item())
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(normalization="mean"), "normalization"),
+        (dict(surrogate="hinge"), "surrogate"),
+        (dict(tau=0.0), "tau"),
+        (dict(tau=float("nan")), "tau"),
+    ],
+)
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        capo_advantages(R, S, 5, **kwargs)
+
+
+def test_batch_not_multiple_of_group():
+    with pytest.raises(ValueError, match="num_generations"):
+        capo_advantages(R, S, 3)

@@ -1,0 +1,46 @@
+import pytest
+
+from capo_trl import CAPOConfig
+
+BASE = dict(output_dir="/tmp/capo-config-test", use_cpu=True, bf16=False, report_to="none")
+
+
+def test_defaults_follow_the_paper_and_mask_follows_estimator():
+    cfg = CAPOConfig(**BASE)
+    assert (cfg.advantage_estimator, cfg.tau, cfg.ref_high, cfg.ref_low) == ("capo", 0.6, 2.5, 1.05)
+    assert cfg.noise_mask is True
+    assert CAPOConfig(advantage_estimator="grpo", **BASE).noise_mask is False
+    assert CAPOConfig(advantage_estimator="grpo", noise_mask=True, **BASE).noise_mask is True
+
+
+@pytest.mark.parametrize(
+    "field, value, fragment",
+    [
+        ("advantage_estimator", "ppo", "advantage_estimator='ppo'"),
+        ("advantage_normalization", "mean", "advantage_normalization"),
+        ("surrogate", "hinge", "surrogate"),
+        ("tau", 0.0, "tau=0.0"),
+        ("tau", -1.0, "tau"),
+        ("tau", float("inf"), "tau"),
+        ("ref_high", 0.0, "ref_high"),
+        ("ref_low", 0.5, "perplexities"),
+        ("correct_threshold", float("nan"), "correct_threshold"),
+        ("ref_cache_size", -1, "ref_cache_size"),
+        ("ref_cache_size", 1.5, "ref_cache_size"),
+    ],
+)
+def test_invalid_values_name_the_field(field, value, fragment):
+    with pytest.raises(ValueError, match=fragment) as err:
+        CAPOConfig(**{field: value}, **BASE)
+    assert field in str(err.value)
+
+
+def test_help_metadata_for_every_new_field():
+    from dataclasses import fields
+
+    new = {f.name: f for f in fields(CAPOConfig)} .keys() - {f.name for f in fields(CAPOConfig.__mro__[1])}
+    assert new == {"advantage_estimator", "tau", "advantage_normalization", "surrogate", "noise_mask",
+                   "ref_high", "ref_low", "correct_threshold", "ref_cache_size"}
+    for f in fields(CAPOConfig):
+        if f.name in new:
+            assert f.metadata.get("help"), f.name

@@ -1,0 +1,154 @@
+"""CAPOTrainer end to end on a tiny offline Qwen2 (CPU), and the drop-in guarantee."""
+
+import math
+import warnings
+
+import pytest
+import torch
+from peft import LoraConfig
+from tiny import digit_reward, tiny_dataset
+from trl import GRPOConfig, GRPOTrainer
+
+from capo_trl import CAPOConfig, CAPOTrainer
+
+COMMON = dict(
+    per_device_train_batch_size=8, num_generations=4, max_completion_length=8, max_steps=3, learning_rate=1e-2,
+    bf16=False, use_cpu=True, report_to="none", gradient_checkpointing=False, logging_steps=1,
+    save_strategy="no", seed=7, temperature=1.0,
+)
+LOOSE = dict(ref_high=1e6, ref_low=1.0)  # a random tiny model has reference PPL ~75: keep everything
+CAPO_METRICS = ["capo/auroc", "capo/auroc_group", "capo/mixed_group_frac", "capo/kept_frac", "capo/dropped_correct",
+                "capo/dropped_wrong", "capo/adv_abs_mean"]
+
+
+def make(model, tmp_path, trainer_cls=CAPOTrainer, config_cls=CAPOConfig, reward=digit_reward, **overrides):
+    args = config_cls(output_dir=str(tmp_path), **{**COMMON, **overrides})
+    return trainer_cls(model=model, reward_funcs=reward, args=args, train_dataset=tiny_dataset())
+
+
+def params(trainer):
+    return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+
+
+def logged(trainer, name):
+    return [h[name] for h in trainer.state.log_history if name in h]
+
+
+def assert_trains(trainer, trainable_only=False, generations=None):
+    before = params(trainer)
+    trainer.train()
+    after = params(trainer)
+    changed = [n for n in before if not torch.equal(before[n], after[n])]
+    names = [n for n, p in trainer.model.named_parameters() if p.requires_grad] if trainable_only else list(before)
+    assert set(changed) == set(names), f"unchanged: {sorted(set(names) - set(changed))[:5]}"
+    for name in CAPO_METRICS:
+        values = logged(trainer, name)
+        assert len(values) == (generations or trainer.state.max_steps), name  # one entry per generation
+        assert all(v is None or math.isfinite(v) for v in values), (name, values)  # None = undefined AUROC
+    assert any(v is not None for v in logged(trainer, "capo/auroc"))
+
+
+def test_defaults_separate_reference_and_loud_warning(tiny_model_dir, tmp_path):
+    trainer = make(tiny_model_dir, tmp_path)
+    assert trainer.args.noise_mask and trainer.beta == 0.0 and trainer.ref_model is None
+    assert trainer._capo_ref_model is not None
+    with pytest.warns(UserWarning, match=r"dropped every correct completion.*ref_high=2.5"):
+        assert_trains(trainer)
+    ppl = logged(trainer, "capo/ref_ppl_mean")
+    assert len(ppl) == 3 and all(p > 2.5 for p in ppl)  # why the paper's thresholds fail on a random model
+
+
+def test_beta_positive_uses_trl_reference_logps(tiny_model_dir, tmp_path):
+    trainer = make(tiny_model_dir, tmp_path, beta=0.1, **LOOSE)
+    assert trainer._capo_ref_model is None and trainer.ref_model is not None
+    assert_trains(trainer)
+    assert "capo/ref_cache_hit_rate" not in trainer.state.log_history[0]
+
+
+def test_lora_uses_base_model_as_reference(tiny_model_dir, tmp_path):
+    args = CAPOConfig(output_dir=str(tmp_path), **COMMON, **LOOSE)
+    trainer = CAPOTrainer(model=tiny_model_dir, reward_funcs=digit_reward, args=args, train_dataset=tiny_dataset(),
+                          peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    assert trainer._capo_ref_model is None and trainer.ref_model is None
+    before = params(trainer)
+    assert_trains(trainer, trainable_only=True)
+    frozen = [n for n, p in trainer.model.named_parameters() if not p.requires_grad]
+    assert frozen and all(torch.equal(before[n], params(trainer)[n]) for n in frozen)
+
+
+def test_num_iterations_two_scores_from_old_logps(tiny_model_dir, tmp_path):
+    trainer = make(tiny_model_dir, tmp_path, num_iterations=2, max_steps=4, **LOOSE)
+    assert not trainer._records_rollout_logps()
+    assert_trains(trainer, generations=2)
+
+
+def test_mask_off(tiny_model_dir, tmp_path):
+    trainer = make(tiny_model_dir, tmp_path, noise_mask=False)
+    assert trainer._capo_ref_model is None
+    assert_trains(trainer)
+    assert set(logged(trainer, "capo/kept_frac")) == {1.0}
+
+
+def test_recorded_rollout_logps_equal_a_forward(tiny_model_dir, tmp_path):
+    trainer = make(tiny_model_dir, tmp_path, noise_mask=False)
+    seen = {}
+    original = CAPOTrainer._rollout_scores
+
+    def spy(self, out, loss_mask):
+        seen["recorded"] = original(self, out, loss_mask)
+        seen["forward"] = mean_of(self._forward_logps(self.model, out), loss_mask)
+        return seen["recorded"]
+
+    from capo_trl.advantages import mean_token_logprob as mean_of
+
+    trainer._rollout_scores = spy.__get__(trainer)
+    assert trainer._records_rollout_logps()
+    trainer.train()
+    assert trainer._rollout_logps is not None
+    torch.testing.assert_close(seen["recorded"], seen["forward"], atol=1e-4, rtol=1e-4)
+
+
+def test_reference_cache_hits_skip_forwards(tiny_model_dir, tmp_path):
+    trainer = make(tiny_model_dir, tmp_path, max_completion_length=1, max_steps=4, **LOOSE)
+    trainer.train()  # one-token completions over a 16-prompt dataset repeat quickly
+    rates = logged(trainer, "capo/ref_cache_hit_rate")
+    assert len(rates) == 4 and rates[-1] > 0
+    assert 0 < len(trainer._ref_cache) <= trainer._ref_cache.lookups
+
+
+def test_drop_in_grpo_is_bit_identical_to_grpotrainer(tiny_model_dir, tmp_path):
+    ours = make(tiny_model_dir, tmp_path / "capo", advantage_estimator="grpo", max_steps=4)
+    ours.train()  # build and train one after the other: a trainer's __init__ reseeds the global RNG
+    theirs = make(tiny_model_dir, tmp_path / "grpo", trainer_cls=GRPOTrainer, config_cls=GRPOConfig, max_steps=4)
+    theirs.train()
+    assert logged(ours, "loss") == logged(theirs, "loss")
+    assert logged(ours, "grad_norm") == logged(theirs, "grad_norm")
+    assert any(g > 0 for g in logged(ours, "grad_norm"))
+    mine, reference = params(ours), params(theirs)
+    assert all(torch.equal(mine[n], reference[n]) for n in reference)
+    assert logged(ours, "capo/auroc")  # plus a calibration monitor GRPOTrainer does not have
+
+
+def test_reward_returning_all_none_gives_zero_advantages(tiny_model_dir, tmp_path):
+    seen = []
+    trainer = make(tiny_model_dir, tmp_path, reward=lambda completions, **kw: [None] * len(completions),
+                   max_steps=2, **LOOSE)
+    original = trainer._generate_and_score_completions
+
+    def spy(inputs):
+        out = original(inputs)
+        seen.append(out["advantages"])
+        return out
+
+    trainer._generate_and_score_completions = spy
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.train()
+    assert seen and all((a == 0).all() for a in seen)
+    assert all(v == 0 for v in logged(trainer, "capo/adv_abs_mean"))
+
+
+def test_grpo_config_is_refused_with_the_fix(tiny_model_dir, tmp_path):
+    args = GRPOConfig(output_dir=str(tmp_path), **COMMON)
+    with pytest.raises(TypeError, match="CAPOConfig"):
+        CAPOTrainer(model=tiny_model_dir, reward_funcs=digit_reward, args=args, train_dataset=tiny_dataset())
