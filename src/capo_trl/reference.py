@@ -131,7 +131,3 @@ class ReferenceScoreCache:
 
     def clear(self) -> None:
         self._data.clear()
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hits / self.lookups if self.lookups else float("nan")

@@ -86,6 +86,7 @@ class CAPOTrainer(GRPOTrainer):
         self._ref_cache_usable = args.ref_cache_size > 0 and not (self._dist.is_zero3 or self.is_fsdp_enabled)
         self._rewards_per_func: torch.Tensor | None = None
         self._rollout_logps: list[list[float]] | None = None
+        self._ref_cache_step_start: tuple[int, int] | None = None
         self._warned: set[str] = set()
 
     # ----------------------------------------------------------------------------------- setup
@@ -141,7 +142,7 @@ class CAPOTrainer(GRPOTrainer):
         )
 
     def _generate_and_score_completions(self, inputs):
-        self._rewards_per_func, self._rollout_logps = None, None
+        self._rewards_per_func, self._rollout_logps, self._ref_cache_step_start = None, None, None
         out = super()._generate_and_score_completions(inputs)
         mode = "train" if self.model.training else "eval"
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
@@ -215,6 +216,7 @@ class CAPOTrainer(GRPOTrainer):
         if "ref_per_token_logps" in out:
             return mean_token_logprob(out["ref_per_token_logps"], loss_mask)
         n = loss_mask.size(0)
+        self._ref_cache_step_start = (self._ref_cache.hits, self._ref_cache.lookups)
         scores = torch.full((n,), float("nan"), device=loss_mask.device)
         multimodal = any(k in out for k in _FORWARD_KEYS)
         keys = sequence_keys(out["prompt_ids"], out["prompt_mask"], out["completion_ids"], loss_mask)
@@ -269,8 +271,12 @@ class CAPOTrainer(GRPOTrainer):
         metrics["capo/dropped_wrong"].append((~kept & ~correct & torch.isfinite(rewards)).float().mean().item())
         if ref_ppl is not None:
             metrics["capo/ref_ppl_mean"].append(torch.nanmean(ref_ppl).item())
-            if self._capo_ref_model is not None or is_peft_model(self.accelerator.unwrap_model(self.model)):
-                metrics["capo/ref_cache_hit_rate"].append(self._ref_cache.hit_rate)
+            if self._ref_cache_usable and self._ref_cache_step_start is not None:
+                hits0, lookups0 = self._ref_cache_step_start
+                local = torch.tensor([self._ref_cache.hits - hits0, self._ref_cache.lookups - lookups0],
+                                     dtype=torch.float32, device=rewards.device)
+                hits, lookups = self.accelerator.gather(local).view(-1, 2).sum(0).tolist()
+                metrics["capo/ref_cache_hit_rate"].append(hits / lookups if lookups else float("nan"))
 
     def _warn_if_mask_empties_a_class(self, rewards, ref_ppl, keep) -> None:
         """The paper's thresholds assume its models; say so loudly when they drop a whole class."""
