@@ -187,3 +187,34 @@ def test_bad_arguments(kwargs, match):
 def test_batch_not_multiple_of_group():
     with pytest.raises(ValueError, match="num_generations"):
         capo_advantages(R, S, 3)
+
+
+def test_bounded_scale_tends_to_dr_grpo_and_stays_bounded():
+    wide = capo_advantages(R, S, 5, tau=1e4, scale="bounded")
+    torch.testing.assert_close(wide, R - R.mean(), atol=1e-4, rtol=0)
+    narrow = capo_advantages(R, S, 5, tau=1e-4, scale="bounded", normalization="none")
+    assert narrow.abs().max() <= 2 * 3 + 1e-6  # at most 2 per pair, 3 pairs per sample here
+    paper = capo_advantages(R, S, 5, tau=0.6, scale="paper")
+    torch.testing.assert_close(capo_advantages(R, S, 5, tau=0.6, scale="bounded"), paper * 1.2)
+
+
+def test_within_group_std_pools_mixed_groups_only():
+    from capo_trl.advantages import within_group_std
+
+    rewards = torch.tensor([1.0, 0, 1, 0, 1, 1, 1, 1, 0, float("nan"), 1, 0])
+    scores = torch.tensor([-1.0, -2, -3, -4, 5, 50, 500, 5000, -1, -99, -1, -1])
+    g1, g3 = torch.tensor([-1.0, -2, -3, -4]), torch.tensor([-1.0, -1, -1])
+    pooled = ((g1 - g1.mean()) ** 2).sum() / (3 + 2)  # the all-correct group 2 is ignored, NaN row dropped
+    torch.testing.assert_close(within_group_std(rewards, scores, 4), pooled.sqrt())
+    assert math.isnan(within_group_std(torch.ones(4), torch.randn(4), 4).item())
+    assert g3.std() == 0
+
+
+def test_quartile_thresholds_follow_the_paper_rule():
+    from capo_trl.advantages import quartile_thresholds
+
+    rewards = torch.tensor([1.0] * 5 + [0.0] * 5)
+    ppl = torch.tensor([1.0, 1.1, 1.2, 1.3, 1.4, 2.0, 3.0, 4.0, 5.0, 6.0])
+    high, low = quartile_thresholds(rewards, ppl)
+    assert high == pytest.approx(1.3) and low == pytest.approx(3.0)
+    assert all(math.isnan(v) for v in quartile_thresholds(torch.ones(3), torch.ones(3))[1:])

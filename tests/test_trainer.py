@@ -152,3 +152,24 @@ def test_grpo_config_is_refused_with_the_fix(tiny_model_dir, tmp_path):
     args = GRPOConfig(output_dir=str(tmp_path), **COMMON)
     with pytest.raises(TypeError, match="CAPOConfig"):
         CAPOTrainer(model=tiny_model_dir, reward_funcs=digit_reward, args=args, train_dataset=tiny_dataset())
+
+
+def test_relative_tau_scales_with_the_score_spread(tiny_model_dir, tmp_path):
+    trainer = make(tiny_model_dir, tmp_path, tau=0.5, tau_mode="relative", advantage_scale="bounded",
+                   noise_mask=False, max_steps=3)
+    trainer.train()
+    pairs = list(zip(logged(trainer, "capo/tau"), logged(trainer, "capo/score_spread")))
+    assert len(pairs) == 3
+    for tau, spread in pairs:
+        if spread is not None:  # NaN (logged as None) when no group is mixed
+            assert tau == pytest.approx(0.5 * spread)
+    assert any(spread is not None for _, spread in pairs)
+
+
+def test_auto_thresholds_measure_the_quartile_rule_once(tiny_model_dir, tmp_path):
+    trainer = make(tiny_model_dir, tmp_path, ref_thresholds="auto", ref_calibration_steps=1, max_steps=3)
+    trainer.train()
+    highs, lows = logged(trainer, "capo/ref_high"), logged(trainer, "capo/ref_low")
+    assert highs and len(set(highs)) == 1 and len(set(lows)) == 1  # measured once, then frozen
+    assert highs[0] > 1.0 and lows[0] > 1.0
+    assert min(logged(trainer, "capo/kept_frac")) < 1.0  # the rule drops the extreme quartiles

@@ -19,6 +19,7 @@ from trl.trainer.utils import nanstd
 
 NORMALIZATIONS = ("group", "pairs", "none")
 SURROGATES = ("logistic", "linear")
+SCALES = ("paper", "bounded")
 GRPO_SCALES = ("group", "batch", "none")
 
 
@@ -40,6 +41,7 @@ def capo_advantages(
     tau: float | torch.Tensor = 0.6,
     normalization: str = "group",
     surrogate: str = "logistic",
+    scale: str = "paper",
 ) -> torch.Tensor:
     r"""CAPO's pairwise, perplexity-aware advantage: ``A~_i = -dL/ds_i``.
 
@@ -60,6 +62,10 @@ def capo_advantages(
         normalization: ``"group"`` divides by the number of scorable completions of the group,
             ``"pairs"`` by the number of ordered pairs with ``R_a > R_b``, ``"none"`` leaves the sum.
         surrogate: ``"logistic"`` (CAPO) or ``"linear"`` (reward-only, GRPO-like).
+        scale: ``"paper"`` keeps the derivative's ``1/tau`` factor, so advantages grow without bound as
+            ``tau`` shrinks. ``"bounded"`` multiplies by ``2 tau``: each pair then weighs
+            ``2 sigma(.)`` in ``(0, 2)``, and as ``tau -> inf`` the advantage tends to Dr. GRPO's
+            ``R_i - mean(R)`` whatever the scale of the scores (ignored for ``"linear"``).
 
     Returns:
         ``(N,)`` float tensor, zero for unscorable rows and for groups whose rewards all tie.
@@ -68,6 +74,8 @@ def capo_advantages(
         raise ValueError(f"normalization={normalization!r}; expected one of {NORMALIZATIONS}.")
     if surrogate not in SURROGATES:
         raise ValueError(f"surrogate={surrogate!r}; expected one of {SURROGATES}.")
+    if scale not in SCALES:
+        raise ValueError(f"scale={scale!r}; expected one of {SCALES}.")
     R = _grouped(rewards.float(), num_generations, "rewards")
     s = _grouped(scores.to(R.device, torch.float32), num_generations, "scores")
     valid = torch.isfinite(R) & torch.isfinite(s)
@@ -81,7 +89,7 @@ def capo_advantages(
             raise ValueError(f"tau must be finite and > 0, got {tau}.")
         tau_t = tau_t.reshape(-1, 1, 1) if tau_t.dim() else tau_t
         D = s[:, :, None] - s[:, None, :]  # s_a - s_b
-        M = W * torch.sigmoid(-D / tau_t) / tau_t
+        M = W * torch.sigmoid(-D / tau_t) * (2.0 if scale == "bounded" else 1.0 / tau_t)
     else:
         M = W
     adv = M.sum(dim=2) - M.sum(dim=1)
@@ -90,6 +98,39 @@ def capo_advantages(
     elif normalization == "pairs":
         adv = adv / (W > 0).sum(dim=(1, 2)).clamp(min=1).unsqueeze(1)
     return torch.where(valid, adv, 0.0).reshape(-1)
+
+
+def within_group_std(rewards: torch.Tensor, scores: torch.Tensor, num_generations: int) -> torch.Tensor:
+    """Pooled within-group standard deviation of the scores over *mixed* groups (rewards not all equal).
+
+    This is the natural unit of ``tau``: the surrogate compares score gaps inside a group, and only
+    mixed groups carry pairs. NaN when the batch has no mixed group with two scorable samples.
+    """
+    R = _grouped(rewards.float(), num_generations, "rewards")
+    s = _grouped(scores.to(R.device, torch.float32), num_generations, "scores")
+    valid = torch.isfinite(R) & torch.isfinite(s)
+    n = valid.sum(dim=1)
+    r_valid = torch.where(valid, R, float("nan"))
+    mixed = (torch.nan_to_num(r_valid, nan=-float("inf")).amax(1) > torch.nan_to_num(r_valid, nan=float("inf")).amin(1))
+    mixed &= n >= 2
+    if not bool(mixed.any()):
+        return torch.tensor(float("nan"))
+    s0 = torch.where(valid, s, 0.0)
+    mean = s0.sum(1, keepdim=True) / n.clamp(min=1).unsqueeze(1)
+    ss = (torch.where(valid, s - mean, 0.0) ** 2).sum(1)
+    return torch.sqrt(ss[mixed].sum() / (n[mixed] - 1).sum())
+
+
+def quartile_thresholds(
+    rewards: torch.Tensor, ref_ppl: torch.Tensor, correct_threshold: float = 0.5
+) -> tuple[float, float]:
+    """The paper's rule for the mask: ``ref_high`` = upper quartile of the reference PPL on correct
+    answers, ``ref_low`` = lower quartile on wrong ones (NaN when a class is absent)."""
+    ok = torch.isfinite(ref_ppl) & torch.isfinite(rewards)
+    correct, wrong = ok & (rewards >= correct_threshold), ok & (rewards < correct_threshold)
+    high = torch.quantile(ref_ppl[correct].double(), 0.75).item() if correct.any() else float("nan")
+    low = torch.quantile(ref_ppl[wrong].double(), 0.25).item() if wrong.any() else float("nan")
+    return high, low
 
 
 def grpo_advantages(rewards: torch.Tensor, num_generations: int, scale: str = "group") -> torch.Tensor:

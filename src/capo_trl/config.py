@@ -7,9 +7,11 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from .advantages import NORMALIZATIONS, SURROGATES
+from .advantages import NORMALIZATIONS, SCALES, SURROGATES
 
 ESTIMATORS = ("capo", "grpo")
+TAU_MODES = ("absolute", "relative")
+THRESHOLD_MODES = ("fixed", "auto")
 
 
 @dataclass
@@ -42,6 +44,21 @@ class CAPOConfig(GRPOConfig):
         correct_threshold (`float`, defaults to `0.5`):
             A completion counts as correct (for the mask and the calibration metrics) when its total
             reward is >= this value.
+        tau_mode (`str`, defaults to `"absolute"`):
+            `"absolute"`: `tau` is in nats (the paper). `"relative"`: the effective temperature is
+            `tau` times the pooled within-group standard deviation of the scores over the mixed
+            groups of the batch, so one value fits models whose score spreads differ by 10x.
+        advantage_scale (`str`, defaults to `"paper"`):
+            `"paper"` keeps the `1/tau` factor of the derivative (advantages grow as `tau` shrinks);
+            `"bounded"` multiplies by `2 tau`, so each pair weighs `2 sigma(.)` in (0, 2) and the
+            advantage tends to Dr. GRPO's `R - mean(R)` as `tau` grows.
+        ref_thresholds (`str`, defaults to `"fixed"`):
+            `"fixed"`: use `ref_high` / `ref_low`. `"auto"`: measure them with the paper's quartile rule
+            (upper quartile of the reference PPL on correct answers, lower quartile on wrong ones) on
+            the first `ref_calibration_steps` generation batches, which the initial policy (= the
+            reference) sampled; the mask is off while measuring.
+        ref_calibration_steps (`int`, defaults to `1`):
+            Generation batches used by `ref_thresholds="auto"`.
         ref_cache_size (`int`, defaults to `65536`):
             Number of reference scores kept in an LRU cache keyed on prompt+completion token ids, so a
             completion seen again costs no reference forward. `0` disables the cache.
@@ -83,6 +100,25 @@ class CAPOConfig(GRPOConfig):
         default=0.5,
         metadata={"help": "A completion is correct when its total reward is >= this value."},
     )
+    tau_mode: str = field(
+        default="absolute",
+        metadata={"help": "'absolute' (tau in nats, the paper) or 'relative' (tau times the within-group std "
+                  "of the scores over mixed groups of the batch).", "choices": list(TAU_MODES)},
+    )
+    advantage_scale: str = field(
+        default="paper",
+        metadata={"help": "'paper' (keeps the 1/tau factor) or 'bounded' (times 2*tau: pair weights in (0, 2), "
+                  "Dr. GRPO's scale as tau grows).", "choices": list(SCALES)},
+    )
+    ref_thresholds: str = field(
+        default="fixed",
+        metadata={"help": "'fixed' (ref_high/ref_low as given) or 'auto' (quartile rule measured on the first "
+                  "ref_calibration_steps generation batches).", "choices": list(THRESHOLD_MODES)},
+    )
+    ref_calibration_steps: int = field(
+        default=1,
+        metadata={"help": "Generation batches used to measure the mask thresholds when ref_thresholds='auto'."},
+    )
     ref_cache_size: int = field(
         default=65536,
         metadata={"help": "Entries of the LRU cache of reference scores (0 disables it)."},
@@ -104,6 +140,15 @@ class CAPOConfig(GRPOConfig):
             raise bad("advantage_normalization", f"choose one of {NORMALIZATIONS}")
         if self.surrogate not in SURROGATES:
             raise bad("surrogate", f"choose one of {SURROGATES}")
+        if self.tau_mode not in TAU_MODES:
+            raise bad("tau_mode", f"choose one of {TAU_MODES}")
+        if self.advantage_scale not in SCALES:
+            raise bad("advantage_scale", f"choose one of {SCALES}")
+        if self.ref_thresholds not in THRESHOLD_MODES:
+            raise bad("ref_thresholds", f"choose one of {THRESHOLD_MODES}")
+        steps = self.ref_calibration_steps
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            raise bad("ref_calibration_steps", "it must be an integer >= 1")
         for name in ("tau", "ref_high", "ref_low"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:

@@ -31,7 +31,13 @@ from trl.trainer.utils import (
     use_adapter,
 )
 
-from .advantages import capo_advantages, mean_token_logprob, noise_mask
+from .advantages import (
+    capo_advantages,
+    mean_token_logprob,
+    noise_mask,
+    quartile_thresholds,
+    within_group_std,
+)
 from .calibration import auroc, auroc_per_question
 from .config import CAPOConfig
 from .reference import ReferenceScoreCache, RolloutLogprobRecorder, sequence_keys
@@ -88,6 +94,8 @@ class CAPOTrainer(GRPOTrainer):
         self._rollout_logps: list[list[float]] | None = None
         self._ref_cache_step_start: tuple[int, int] | None = None
         self._warned: set[str] = set()
+        self._threshold_samples: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._measured_thresholds: tuple[float, float] | None = None
 
     # ----------------------------------------------------------------------------------- setup
     def _build_reference(self, source) -> torch.nn.Module:
@@ -155,12 +163,21 @@ class CAPOTrainer(GRPOTrainer):
         ref_ppl = keep = None
         if args.noise_mask:
             ref_ppl = self.accelerator.gather(torch.exp(-self._reference_scores(out, loss_mask)))
-            keep = noise_mask(rewards, ref_ppl, args.ref_high, args.ref_low, args.correct_threshold)
-            self._warn_if_mask_empties_a_class(rewards, ref_ppl, keep)
+            thresholds = self._mask_thresholds(rewards, ref_ppl, mode)
+            if thresholds is not None:
+                keep = noise_mask(rewards, ref_ppl, *thresholds, args.correct_threshold)
+                self._warn_if_mask_empties_a_class(rewards, ref_ppl, keep, thresholds)
 
+        spread = within_group_std(rewards, scores, num_generations).item()
+        self._metrics[mode]["capo/score_spread"].append(spread)
         if args.advantage_estimator == "capo":
+            tau = args.tau
+            if args.tau_mode == "relative" and math.isfinite(spread) and spread > 0:
+                tau = args.tau * spread  # no mixed group means no pair: any tau gives zero
+            self._metrics[mode]["capo/tau"].append(tau)
             advantages = capo_advantages(
-                rewards, scores, num_generations, args.tau, args.advantage_normalization, args.surrogate
+                rewards, scores, num_generations, tau, args.advantage_normalization, args.surrogate,
+                args.advantage_scale,
             )
         else:
             advantages = self.accelerator.gather(out["advantages"])
@@ -176,6 +193,25 @@ class CAPOTrainer(GRPOTrainer):
 
         self._log_calibration(mode, rewards, scores, advantages, num_generations, ref_ppl, keep)
         return out
+
+    def _mask_thresholds(self, rewards, ref_ppl, mode) -> tuple[float, float] | None:
+        """(ref_high, ref_low): as configured, or measured by the quartile rule on the first batches."""
+        if self.args.ref_thresholds == "fixed":
+            return self.args.ref_high, self.args.ref_low
+        if self._measured_thresholds is None and mode == "train":
+            self._threshold_samples.append((rewards.cpu(), ref_ppl.cpu()))
+            if len(self._threshold_samples) >= self.args.ref_calibration_steps:
+                r, p = (torch.cat(t) for t in zip(*self._threshold_samples))
+                high, low = quartile_thresholds(r, p, self.args.correct_threshold)
+                if math.isfinite(high) and math.isfinite(low):
+                    self._measured_thresholds = (high, low)
+                    self._threshold_samples.clear()
+        if self._measured_thresholds is None:
+            return None  # still measuring (or a class never appeared yet): no mask
+        high, low = self._measured_thresholds
+        self._metrics[mode]["capo/ref_high"].append(high)
+        self._metrics[mode]["capo/ref_low"].append(low)
+        return self._measured_thresholds
 
     # ----------------------------------------------------------------------------------- inputs
     def _total_rewards(self) -> torch.Tensor:
@@ -278,7 +314,7 @@ class CAPOTrainer(GRPOTrainer):
                 hits, lookups = self.accelerator.gather(local).view(-1, 2).sum(0).tolist()
                 metrics["capo/ref_cache_hit_rate"].append(hits / lookups if lookups else float("nan"))
 
-    def _warn_if_mask_empties_a_class(self, rewards, ref_ppl, keep) -> None:
+    def _warn_if_mask_empties_a_class(self, rewards, ref_ppl, keep, thresholds) -> None:
         """The paper's thresholds assume its models; say so loudly when they drop a whole class."""
         correct = rewards >= self.args.correct_threshold
         wrong = rewards < self.args.correct_threshold
@@ -289,9 +325,10 @@ class CAPOTrainer(GRPOTrainer):
                 span = f"{ppl.min().item():.3g}..{ppl.max().item():.3g}" if ppl.numel() else "n/a"
                 warnings.warn(
                     f"CAPO noise mask dropped every {name} completion of this batch ({int(members.sum())} of them; "
-                    f"their reference perplexity spans {span}, ref_high={self.args.ref_high}, "
-                    f"ref_low={self.args.ref_low}). The thresholds do not fit this model: CAPO is now training "
-                    f"without {name} answers. Measure thresholds for your model, set {bound} accordingly, or "
+                    f"their reference perplexity spans {span}, ref_high={thresholds[0]:.4g}, "
+                    f"ref_low={thresholds[1]:.4g}). The thresholds do not fit this model: CAPO is now training "
+                    f"without {name} answers. Measure thresholds for your model (`capo-trl calibrate-mask`, or "
+                    f"ref_thresholds='auto'), set {bound} accordingly, or "
                     "disable the mask with noise_mask=False.",
                     stacklevel=2,
                 )

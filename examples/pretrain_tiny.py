@@ -1,0 +1,141 @@
+"""Build the embedded default model: a tiny Qwen2 supervised-fine-tuned on the arithmetic task.
+
+Reproducible on CPU from a seed, in a few minutes. It saves checkpoints along the way, evaluates
+each on the validation split (accuracy and calibration of mean token log-prob) and copies the
+chosen one into the package (`src/capo_trl/assets/arith-tiny`), where every `capo-trl` command finds
+it when no model is given.
+
+    python examples/pretrain_tiny.py --out runs/pretrain [--steps 900] [--install-step 600]
+
+The target is a *moderate* starting point for RL: accuracy well below the ceiling (so there is
+something to learn) and non-trivial calibration (so there is something to keep or lose).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, set_seed  # noqa: E402
+from trl import SFTConfig, SFTTrainer  # noqa: E402
+
+from capo_trl.data import arithmetic_dataset  # noqa: E402
+
+PACKAGE_ASSET = Path(__file__).resolve().parents[1] / "src" / "capo_trl" / "assets" / "arith-tiny"
+CHARS = "0123456789+-=. Cmpute\\boxed{}"
+# Renders the last user message as is, so a conversational prompt and the plain-text prompt
+# "Compute 3+4." tokenise identically; the model answers after it.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'user' %}{{ m['content'] }}{% endif %}"
+    "{% if m['role'] == 'assistant' %}{{ m['content'] }}{{ eos_token }}{% endif %}{% endfor %}"
+)
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2}
+    for ch in CHARS:
+        vocab.setdefault(ch, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>", padding_side="left"
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_model(vocab_size: int, seed: int) -> Qwen2ForCausalLM:
+    set_seed(seed)
+    config = Qwen2Config(
+        vocab_size=vocab_size, hidden_size=128, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
+        pad_token_id=0, eos_token_id=1, bos_token_id=1, tie_word_embeddings=True,
+    )
+    return Qwen2ForCausalLM(config)
+
+
+def validate(model_dir: str, n_problems: int, n_samples: int, seed: int) -> dict:
+    """Accuracy and calibration of a checkpoint on the validation split (sampling at temperature 1)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from capo_trl.evaluation import evaluate
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    problems = arithmetic_dataset("validation", n_problems, seed=seed)
+    set_seed(seed)
+    result = evaluate(model, tokenizer, problems, n=n_samples, max_new_tokens=48, temperature=1.0)
+    return {k: v for k, v in result.summary().items() if isinstance(v, (int, float))}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="runs/pretrain")
+    parser.add_argument("--steps", type=int, default=900)
+    parser.add_argument("--save-every", type=int, default=150)
+    parser.add_argument("--train-size", type=int, default=20000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eval-problems", type=int, default=128)
+    parser.add_argument("--eval-samples", type=int, default=4)
+    parser.add_argument("--validate-only", action="store_true", help="reuse the checkpoints already in --out")
+    parser.add_argument("--install-step", type=int, default=None,
+                        help="copy this checkpoint into the package (default: only report)")
+    args = parser.parse_args()
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+
+    tokenizer = build_tokenizer()
+    if not args.validate_only:
+        sft(args, tokenizer)
+    validate_and_install(args, tokenizer)
+
+
+def sft(args, tokenizer):
+    model = build_model(len(tokenizer), args.seed)
+    train = arithmetic_dataset("train", args.train_size, seed=args.seed)
+    # prompt/completion pairs: SFTTrainer computes the loss on the completion (the solution) only
+    train = train.map(lambda r: {"completion": " " + r["solution"]},
+                      remove_columns=["answer", "solution", "num_operands"])
+    config = SFTConfig(
+        output_dir=args.out, max_steps=args.steps, per_device_train_batch_size=64, learning_rate=2e-3,
+        lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, logging_steps=50,
+        save_steps=args.save_every, save_strategy="steps", save_only_model=True, report_to="none",
+        bf16=False, use_cpu=True, seed=args.seed, max_length=96, dataloader_num_workers=0,
+        gradient_checkpointing=False,
+    )
+    trainer = SFTTrainer(model=model, args=config, train_dataset=train, processing_class=tokenizer)
+    trainer.train()
+
+
+def validate_and_install(args, tokenizer):
+    report = {}
+    for ckpt in sorted(Path(args.out).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1])):
+        tokenizer.save_pretrained(ckpt)
+        report[ckpt.name] = validate(str(ckpt), args.eval_problems, args.eval_samples, args.seed)
+        print(ckpt.name, json.dumps(report[ckpt.name]))
+    (Path(args.out) / "validation.json").write_text(json.dumps(report, indent=2))
+
+    if args.install_step is not None:
+        chosen = Path(args.out) / f"checkpoint-{args.install_step}"
+        shutil.rmtree(PACKAGE_ASSET, ignore_errors=True)
+        PACKAGE_ASSET.mkdir(parents=True)
+        model = Qwen2ForCausalLM.from_pretrained(chosen)
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        model.save_pretrained(PACKAGE_ASSET)
+        tokenizer.save_pretrained(PACKAGE_ASSET)
+        (PACKAGE_ASSET / "PROVENANCE.json").write_text(json.dumps({
+            "command": f"python examples/pretrain_tiny.py --out {args.out} --steps {args.steps} "
+                       f"--seed {args.seed} --install-step {args.install_step}",
+            "validation": report.get(chosen.name),
+        }, indent=2))
+        print(f"installed {chosen} -> {PACKAGE_ASSET}")
+
+
+if __name__ == "__main__":
+    main()
