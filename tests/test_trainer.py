@@ -173,3 +173,14 @@ def test_auto_thresholds_measure_the_quartile_rule_once(tiny_model_dir, tmp_path
     assert highs and len(set(highs)) == 1 and len(set(lows)) == 1  # measured once, then frozen
     assert highs[0] > 1.0 and lows[0] > 1.0
     assert min(logged(trainer, "capo/kept_frac")) < 1.0  # the rule drops the extreme quartiles
+
+
+def test_bounded_scale_at_huge_tau_trains_exactly_like_grpo(tiny_model_dir, tmp_path):
+    capo = make(tiny_model_dir, tmp_path / "capo", tau=1e9, advantage_scale="bounded", noise_mask=False)
+    capo.train()
+    grpo = make(tiny_model_dir, tmp_path / "grpo", advantage_estimator="grpo")
+    grpo.train()
+    for name in ("grad_norm", "reward"):
+        assert logged(capo, name) == pytest.approx(logged(grpo, name), rel=1e-4, abs=1e-6)
+    mine, reference = params(capo), params(grpo)
+    assert all(torch.allclose(mine[n], reference[n], atol=1e-5) for n in reference)

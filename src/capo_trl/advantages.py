@@ -133,23 +133,30 @@ def quartile_thresholds(
     return high, low
 
 
+def reward_scale(rewards: torch.Tensor, num_generations: int, scale: str = "group") -> torch.Tensor:
+    """The divisor of TRL's ``scale_rewards``, per sample: ``std + 1e-4`` of the group (``"group"``)
+    or of the batch (``"batch"``), or ``1`` (``"none"``). NaN rewards are left out of the std."""
+    if scale not in GRPO_SCALES:
+        raise ValueError(f"scale={scale!r}; expected one of {GRPO_SCALES}.")
+    R = _grouped(rewards.float(), num_generations, "rewards")
+    if scale == "none":
+        return torch.ones(R.numel(), device=R.device)
+    if scale == "group":
+        std = nanstd(R, dim=1, keepdim=True) if num_generations > 1 else torch.zeros_like(R[:, :1])
+    else:
+        std = nanstd(R) if R.numel() > 1 else torch.zeros(())
+    return (torch.nan_to_num(std, nan=0.0) + 1e-4).expand_as(R).reshape(-1)
+
+
 def grpo_advantages(rewards: torch.Tensor, num_generations: int, scale: str = "group") -> torch.Tensor:
     """GRPO's reward-only advantage, the formula TRL's ``scale_rewards`` uses.
 
     ``(R - group mean) / (std + 1e-4)`` with the std of the group (``"group"``), of the whole batch
     (``"batch"``) or none (``"none"``, Dr. GRPO). NaN rewards are left out of the statistics and get 0.
     """
-    if scale not in GRPO_SCALES:
-        raise ValueError(f"scale={scale!r}; expected one of {GRPO_SCALES}.")
     R = _grouped(rewards.float(), num_generations, "rewards")
-    centred = R - torch.nanmean(R, dim=1, keepdim=True)
-    if scale == "group":
-        std = nanstd(R, dim=1, keepdim=True) if num_generations > 1 else torch.zeros_like(centred[:, :1])
-        centred = centred / (std + 1e-4)
-    elif scale == "batch":
-        std = nanstd(R) if R.numel() > 1 else torch.zeros(())
-        centred = centred / (std + 1e-4)
-    return torch.nan_to_num(centred.reshape(-1), nan=0.0)
+    centred = (R - torch.nanmean(R, dim=1, keepdim=True)).reshape(-1)
+    return torch.nan_to_num(centred / reward_scale(rewards, num_generations, scale), nan=0.0)
 
 
 def noise_mask(

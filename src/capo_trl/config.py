@@ -50,8 +50,9 @@ class CAPOConfig(GRPOConfig):
             groups of the batch, so one value fits models whose score spreads differ by 10x.
         advantage_scale (`str`, defaults to `"paper"`):
             `"paper"` keeps the `1/tau` factor of the derivative (advantages grow as `tau` shrinks);
-            `"bounded"` multiplies by `2 tau`, so each pair weighs `2 sigma(.)` in (0, 2) and the
-            advantage tends to Dr. GRPO's `R - mean(R)` as `tau` grows.
+            `"bounded"` multiplies by `2 tau` and divides by the reward std TRL's `scale_rewards` uses,
+            so each pair weighs `2 sigma(.)` in (0, 2) and, as `tau` grows, the advantage becomes
+            exactly GRPOTrainer's (`scale_rewards="group"`) or Dr. GRPO's (`"none"`).
         ref_thresholds (`str`, defaults to `"fixed"`):
             `"fixed"`: use `ref_high` / `ref_low`. `"auto"`: measure them with the paper's quartile rule
             (upper quartile of the reference PPL on correct answers, lower quartile on wrong ones) on
@@ -107,8 +108,8 @@ class CAPOConfig(GRPOConfig):
     )
     advantage_scale: str = field(
         default="paper",
-        metadata={"help": "'paper' (keeps the 1/tau factor) or 'bounded' (times 2*tau: pair weights in (0, 2), "
-                  "Dr. GRPO's scale as tau grows).", "choices": list(SCALES)},
+        metadata={"help": "'paper' (keeps the 1/tau factor) or 'bounded' (times 2*tau, divided by the "
+                  "scale_rewards std: pair weights in (0, 2), GRPO's advantage as tau grows).", "choices": list(SCALES)},
     )
     ref_thresholds: str = field(
         default="fixed",

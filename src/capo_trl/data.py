@@ -9,8 +9,10 @@ the sizes asked for), and graded by the library's math reward like any benchmark
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 from datasets import Dataset
 
@@ -124,3 +126,214 @@ def with_grader_noise(reward_func, rate: float, seed: int = 0):
 
     noisy.__name__ = f"{getattr(reward_func, '__name__', 'reward')}_noisy{rate:g}"
     return noisy
+
+
+# ------------------------------------------------------------------------------------------------
+# Benchmark registry: hub datasets, the arithmetic task and local files, one normalised schema.
+# ------------------------------------------------------------------------------------------------
+
+QWEN_MATH_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+def qwen_math_prompt(problem: str) -> list[dict]:
+    """The Qwen2.5-Math evaluation prompt, conversational: the tokenizer's chat template renders it."""
+    return [{"role": "system", "content": QWEN_MATH_SYSTEM}, {"role": "user", "content": problem}]
+
+
+def plain_math_prompt(problem: str) -> str:
+    """The same instruction as plain text, for base models without a chat template."""
+    return f"{problem}\n{QWEN_MATH_SYSTEM}"
+
+
+def raw_prompt(problem: str) -> str:
+    """The problem unchanged (the arithmetic demo model is trained on bare problems)."""
+    return problem
+
+
+PROMPT_TEMPLATES = {"qwen_math": qwen_math_prompt, "plain": plain_math_prompt, "raw": raw_prompt}
+ROLES = ("problem", "answer", "id")
+
+
+class BenchmarkError(ValueError):
+    """A benchmark cannot be loaded as asked; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class BenchmarkSpec:
+    """Where a benchmark lives and which of its columns hold the problem, gold answer(s) and id.
+
+    ``id`` may be None (ids become ``"<name>/<row>"``). ``answer`` may name a column of lists:
+    every entry is an acceptable answer, as :class:`capo_trl.rewards.MathReward` grades them.
+    """
+
+    name: str
+    hub_id: str | None = None
+    split: str = "test"
+    problem: str = "problem"
+    answer: str = "answer"
+    id: str | None = None
+    config: str | None = None
+    template: str = "qwen_math"
+
+
+BENCHMARKS: dict[str, BenchmarkSpec] = {
+    spec.name: spec
+    for spec in (
+        BenchmarkSpec("math500", "HuggingFaceH4/MATH-500", id="unique_id"),
+        BenchmarkSpec("aime24", "HuggingFaceH4/aime_2024", split="train", id="id"),
+        BenchmarkSpec("aime25", "math-ai/aime25", id="id"),
+        BenchmarkSpec("amc23", "math-ai/amc23", problem="question", id="id"),
+        BenchmarkSpec("minerva", "math-ai/minervamath", problem="question"),
+        BenchmarkSpec("olympiadbench", "Hothan/OlympiadBench", split="train", problem="question",
+                      answer="final_answer", id="id", config="OE_TO_maths_en_COMP"),
+        BenchmarkSpec("deepscaler", "agentica-org/DeepScaleR-Preview-Dataset", split="train"),
+        BenchmarkSpec("arithmetic", None, template="raw"),
+    )
+}
+_ALIASES = {"math-500": "math500", "aime2024": "aime24", "aime2025": "aime25", "amc2023": "amc23",
+            "minervamath": "minerva", "olympiad": "olympiadbench", "deepscaler-preview": "deepscaler"}
+_ARITHMETIC_DEFAULT_SIZE = 500
+_LOCAL_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")
+
+
+def load_benchmark(name_or_path: str, split: str | None = None, limit: int | None = None,
+                   columns: dict[str, str] | None = None, template: str | None = None) -> Dataset:
+    """A benchmark as a dataset with columns ``prompt``, ``answer`` and ``id`` (all else dropped).
+
+    ``name_or_path``: a registry name (:data:`BENCHMARKS`, case-insensitive), or a local
+    ``.json``/``.jsonl`` (list of objects or one per line), ``.csv`` or ``.parquet`` file in the
+    schema ``{"id", "problem", "answer", "answers"}`` (``answers`` wins over ``answer``).
+    ``columns`` maps roles ``problem``/``answer``/``id`` to other column names.
+    ``template``: ``"qwen_math"`` (conversational, the default for math), ``"plain"`` or ``"raw"``.
+    ``answer`` is a string, or a list of acceptable answers when some row has several.
+    """
+    spec = _resolve(name_or_path)
+    unknown = set(columns or {}) - set(ROLES)
+    if unknown:
+        raise BenchmarkError(f"columns: unknown role(s) {sorted(unknown)}; map any of {ROLES} to your column names.")
+    template = template or (spec.template if spec else "qwen_math")
+    if template not in PROMPT_TEMPLATES:
+        raise BenchmarkError(f"template={template!r}; expected one of {sorted(PROMPT_TEMPLATES)}.")
+    if limit is not None and limit < 1:
+        raise BenchmarkError(f"limit must be >= 1, got {limit}.")
+    if spec is not None and spec.hub_id is None:  # the embedded arithmetic task
+        ds = arithmetic_dataset(split=split or "test", n=limit or _ARITHMETIC_DEFAULT_SIZE)
+        return _normalise(ds, "arithmetic", "arithmetic", {"problem": "prompt", "answer": "answer", "id": None},
+                          None, PROMPT_TEMPLATES[template])
+    if spec is not None:
+        mapping = {"problem": spec.problem, "answer": spec.answer, "id": spec.id, **(columns or {})}
+        ds = _load_hub(spec, split or spec.split)
+        source = f"{spec.hub_id!r} (benchmark {spec.name!r}, split {split or spec.split!r})"
+        name, hint = spec.name, " " + _local_hint(spec.name)
+    else:
+        if split is not None:
+            raise BenchmarkError(f"split={split!r} does not apply to a local file ({name_or_path}): "
+                                 "give each split its own file.")
+        ds = _load_local(Path(name_or_path))
+        mapping = {"problem": "problem", "answer": "answers" if "answers" in ds.column_names else "answer",
+                   "id": "id" if "id" in ds.column_names else None, **(columns or {})}
+        source, name, hint = repr(str(name_or_path)), Path(name_or_path).stem, ""
+    return _normalise(ds, source, name, mapping, limit, PROMPT_TEMPLATES[template], hint)
+
+
+def _resolve(name_or_path: str) -> BenchmarkSpec | None:
+    """Registry spec for a name; None for a local file; a helpful error for anything else."""
+    key = str(name_or_path).strip().lower()
+    key = _ALIASES.get(key, key)
+    if key in BENCHMARKS:
+        return BENCHMARKS[key]
+    path = Path(name_or_path)
+    if path.suffix.lower() in _LOCAL_SUFFIXES:
+        if not path.is_file():
+            raise BenchmarkError(f"Benchmark file not found: {path}.")
+        return None
+    raise BenchmarkError(
+        f"Unknown benchmark {name_or_path!r}: not a registered name ({', '.join(sorted(BENCHMARKS))}) "
+        f"nor a local file ending in {', '.join(_LOCAL_SUFFIXES)}."
+    )
+
+
+def _local_hint(name: str) -> str:
+    return (
+        f"To use a local copy instead, pass its path: load_benchmark('{name}.jsonl') (CLI: --benchmark "
+        f"{name}.jsonl), one JSON object per line with keys \"id\", \"problem\", \"answer\" (or \"answers\", a "
+        "list of acceptable answers); for other column names add columns={'problem': ..., 'answer': ..., 'id': ...}."
+    )
+
+
+def _load_hub(spec: BenchmarkSpec, split: str) -> Dataset:
+    import datasets
+
+    try:
+        return datasets.load_dataset(spec.hub_id, spec.config, split=split)
+    except Exception as err:  # offline, unreachable, gated, renamed: all end the same way for the user
+        offline = " (HF_HUB_OFFLINE is set)" if datasets.config.HF_HUB_OFFLINE else ""
+        raise BenchmarkError(
+            f"Could not load benchmark {spec.name!r} from the hub dataset {spec.hub_id!r}"
+            f"{f' config {spec.config!r}' if spec.config else ''}, split {split!r}{offline}: "
+            f"{type(err).__name__}: {err}. {_local_hint(spec.name)}"
+        ) from err
+
+
+def _load_local(path: Path) -> Dataset:
+    """JSON is read with the json module, not ``load_dataset('json')``: gold answers mix strings,
+    numbers and lists across rows, which Arrow's per-file schema inference rejects."""
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        return Dataset.from_csv(str(path))
+    if suffix == ".parquet":
+        return Dataset.from_parquet(str(path))
+    text = path.read_text(encoding="utf-8")
+    try:
+        rows = json.loads(text) if text.lstrip().startswith("[") else [
+            json.loads(line) for line in text.splitlines() if line.strip()
+        ]
+    except json.JSONDecodeError as err:
+        raise BenchmarkError(f"{path}: not valid JSON or JSON Lines ({err}).") from err
+    if not rows or not all(isinstance(r, dict) for r in rows):
+        raise BenchmarkError(f"{path}: expected a non-empty list of JSON objects (one problem each).")
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    return Dataset.from_dict({k: _column([r.get(k) for r in rows]) for k in keys})
+
+
+def _column(values: list) -> list:
+    """One Arrow-storable column: text scalars, or lists of text when any row holds a list."""
+    if any(isinstance(v, (list, tuple)) for v in values):
+        return [_gold_list(v if isinstance(v, (list, tuple)) else [v]) for v in values]
+    return [v if v is None or isinstance(v, str) else _answer_text(v) for v in values]
+
+
+def _answer_text(v) -> str:
+    """Gold answers as text; integral floats (AMC23 stores 27.0) lose the ``.0``."""
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
+def _normalise(ds: Dataset, source: str, name: str, mapping: dict, limit: int | None, make_prompt,
+               hint: str = "") -> Dataset:
+    """Rename, check and convert to ``prompt``/``answer``/``id``; ids default to ``name/row``."""
+    for role in ROLES:
+        col = mapping.get(role)
+        if col is not None and col not in ds.column_names:
+            raise BenchmarkError(
+                f"Benchmark {source} has no column {col!r} for the {role} (columns: {', '.join(ds.column_names)}). "
+                f"Pass columns={{'{role}': '<your column>'}} to name the column that holds it.{hint}"
+            )
+    if limit is not None:
+        ds = ds.select(range(min(limit, len(ds))))
+    problems = [str(p) for p in ds[mapping["problem"]]]
+    golds = [_gold_list(a) for a in ds[mapping["answer"]]]
+    ids = [str(i) for i in ds[mapping["id"]]] if mapping.get("id") else [f"{name}/{i}" for i in range(len(ds))]
+    several = any(len(g) != 1 for g in golds)
+    return Dataset.from_dict({
+        "prompt": [make_prompt(p) for p in problems],
+        "answer": golds if several else [g[0] for g in golds],
+        "id": ids,
+    })
+
+
+def _gold_list(value) -> list[str]:
+    if isinstance(value, (list, tuple)):
+        return [_answer_text(v) for v in value if v is not None]
+    return [] if value is None else [_answer_text(value)]

@@ -36,6 +36,7 @@ from .advantages import (
     mean_token_logprob,
     noise_mask,
     quartile_thresholds,
+    reward_scale,
     within_group_std,
 )
 from .calibration import auroc, auroc_per_question
@@ -179,6 +180,8 @@ class CAPOTrainer(GRPOTrainer):
                 rewards, scores, num_generations, tau, args.advantage_normalization, args.surrogate,
                 args.advantage_scale,
             )
+            if args.advantage_scale == "bounded":  # on TRL's scale: equals GRPO's advantage as tau grows
+                advantages = advantages / reward_scale(rewards, num_generations, self.scale_rewards)
         else:
             advantages = self.accelerator.gather(out["advantages"])
         if keep is not None:
