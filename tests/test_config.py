@@ -27,6 +27,10 @@ def test_defaults_follow_the_paper_and_mask_follows_estimator():
         ("correct_threshold", float("nan"), "correct_threshold"),
         ("ref_cache_size", -1, "ref_cache_size"),
         ("ref_cache_size", 1.5, "ref_cache_size"),
+        ("tau_mode", "auto", "tau_mode"),
+        ("advantage_scale", "unit", "advantage_scale"),
+        ("ref_thresholds", "quartile", "ref_thresholds"),
+        ("ref_calibration_steps", 0, "ref_calibration_steps"),
     ],
 )
 def test_invalid_values_name_the_field(field, value, fragment):
@@ -40,7 +44,8 @@ def test_help_metadata_for_every_new_field():
 
     new = {f.name: f for f in fields(CAPOConfig)} .keys() - {f.name for f in fields(CAPOConfig.__mro__[1])}
     assert new == {"advantage_estimator", "tau", "advantage_normalization", "surrogate", "noise_mask",
-                   "ref_high", "ref_low", "correct_threshold", "ref_cache_size"}
+                   "ref_high", "ref_low", "correct_threshold", "ref_cache_size", "tau_mode", "advantage_scale",
+                   "ref_thresholds", "ref_calibration_steps"}
     for f in fields(CAPOConfig):
         if f.name in new:
             assert f.metadata.get("help"), f.name

@@ -14,6 +14,11 @@ Conventions shared by every function:
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 from trl.trainer.utils import nanstd
 
@@ -186,3 +191,61 @@ def mean_token_logprob(per_token_logps: torch.Tensor, mask: torch.Tensor) -> tor
     total = (per_token_logps * mask).sum(dim=-1)
     count = mask.sum(dim=-1)
     return torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, float("nan")))
+
+
+# --------------------------------------------------------------------------------------------
+# Estimator registry: `advantage_estimator` names a function of the global batch.
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """What an estimator may use, all on the global batch (contiguous groups of ``num_generations``).
+
+    ``trl_advantages`` are GRPOTrainer's own advantages (its ``scale_rewards`` etc. applied);
+    ``config`` is the `CAPOConfig`; ``step`` the optimizer step the rollout was generated at.
+    """
+
+    rewards: torch.Tensor
+    scores: torch.Tensor
+    num_generations: int
+    trl_advantages: torch.Tensor
+    config: Any
+    step: int = 0
+    scale_rewards: str = "group"
+
+
+Estimator = Callable[[AdvantageInputs], "tuple[torch.Tensor, dict[str, float]]"]
+ESTIMATORS: dict[str, Estimator] = {}
+
+
+def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
+    """Register ``fn(AdvantageInputs) -> (advantages (N,) or (N, T), metrics)`` under ``name``."""
+
+    def decorate(fn: Estimator) -> Estimator:
+        if name in ESTIMATORS:
+            raise ValueError(f"advantage estimator {name!r} is already registered.")
+        ESTIMATORS[name] = fn
+        return fn
+
+    return decorate
+
+
+@register_estimator("grpo")
+def _grpo_estimator(batch: AdvantageInputs):
+    """TRL's advantages, untouched: CAPOTrainer then trains exactly like GRPOTrainer."""
+    return batch.trl_advantages, {}
+
+
+@register_estimator("capo")
+def _capo_estimator(batch: AdvantageInputs):
+    """CAPO with the config's tau mode and scale; logs the temperature actually used."""
+    cfg = batch.config
+    tau = cfg.tau
+    if cfg.tau_mode == "relative":
+        spread = within_group_std(batch.rewards, batch.scores, batch.num_generations).item()
+        if math.isfinite(spread) and spread > 0:  # no mixed group means no pair: any tau gives zero
+            tau = cfg.tau * spread
+    adv = capo_advantages(batch.rewards, batch.scores, batch.num_generations, tau, cfg.advantage_normalization,
+                          cfg.surrogate, cfg.advantage_scale)
+    if cfg.advantage_scale == "bounded":  # on TRL's scale: equals GRPO's advantage as tau grows
+        adv = adv / reward_scale(batch.rewards, batch.num_generations, batch.scale_rewards)
+    return adv, {"capo/tau": tau}

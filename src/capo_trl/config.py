@@ -7,9 +7,8 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from .advantages import NORMALIZATIONS, SCALES, SURROGATES
+from .advantages import ESTIMATORS, NORMALIZATIONS, SCALES, SURROGATES
 
-ESTIMATORS = ("capo", "grpo")
 TAU_MODES = ("absolute", "relative")
 THRESHOLD_MODES = ("fixed", "auto")
 
@@ -68,7 +67,7 @@ class CAPOConfig(GRPOConfig):
     advantage_estimator: str = field(
         default="capo",
         metadata={"help": "Advantage estimator: 'capo' (pairwise perplexity-aware) or 'grpo' (TRL's, untouched).",
-                  "choices": list(ESTIMATORS)},
+                  "choices": sorted(ESTIMATORS)},
     )
     tau: float = field(
         default=0.6,
@@ -136,7 +135,7 @@ class CAPOConfig(GRPOConfig):
             return ValueError(f"CAPOConfig.{name}={getattr(self, name)!r} is invalid; {allowed}.")
 
         if self.advantage_estimator not in ESTIMATORS:
-            raise bad("advantage_estimator", f"choose one of {ESTIMATORS}")
+            raise bad("advantage_estimator", f"choose one of {sorted(ESTIMATORS)}")
         if self.advantage_normalization not in NORMALIZATIONS:
             raise bad("advantage_normalization", f"choose one of {NORMALIZATIONS}")
         if self.surrogate not in SURROGATES:

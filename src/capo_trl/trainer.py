@@ -32,11 +32,11 @@ from trl.trainer.utils import (
 )
 
 from .advantages import (
-    capo_advantages,
+    ESTIMATORS,
+    AdvantageInputs,
     mean_token_logprob,
     noise_mask,
     quartile_thresholds,
-    reward_scale,
     within_group_std,
 )
 from .calibration import auroc, auroc_per_question
@@ -169,21 +169,15 @@ class CAPOTrainer(GRPOTrainer):
                 keep = noise_mask(rewards, ref_ppl, *thresholds, args.correct_threshold)
                 self._warn_if_mask_empties_a_class(rewards, ref_ppl, keep, thresholds)
 
-        spread = within_group_std(rewards, scores, num_generations).item()
-        self._metrics[mode]["capo/score_spread"].append(spread)
-        if args.advantage_estimator == "capo":
-            tau = args.tau
-            if args.tau_mode == "relative" and math.isfinite(spread) and spread > 0:
-                tau = args.tau * spread  # no mixed group means no pair: any tau gives zero
-            self._metrics[mode]["capo/tau"].append(tau)
-            advantages = capo_advantages(
-                rewards, scores, num_generations, tau, args.advantage_normalization, args.surrogate,
-                args.advantage_scale,
-            )
-            if args.advantage_scale == "bounded":  # on TRL's scale: equals GRPO's advantage as tau grows
-                advantages = advantages / reward_scale(rewards, num_generations, self.scale_rewards)
-        else:
-            advantages = self.accelerator.gather(out["advantages"])
+        self._metrics[mode]["capo/score_spread"].append(within_group_std(rewards, scores, num_generations).item())
+        trl_advantages = out["advantages"]
+        advantages, extra = ESTIMATORS[args.advantage_estimator](AdvantageInputs(
+            rewards=rewards, scores=scores, num_generations=num_generations,
+            trl_advantages=self.accelerator.gather(trl_advantages), config=args, step=self.state.global_step,
+            scale_rewards=self.scale_rewards,
+        ))
+        for name, value in extra.items():
+            self._metrics[mode][name].append(value)
         if keep is not None:
             advantages = advantages * keep
             keep_local = keep[local].to(out["completion_mask"].dtype).unsqueeze(1)
@@ -191,7 +185,7 @@ class CAPOTrainer(GRPOTrainer):
             loss_mask = loss_mask * keep_local
             out["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         if args.advantage_estimator != "grpo" or keep is not None:
-            out["advantages"] = advantages[local].to(out["advantages"].dtype)
+            out["advantages"] = advantages[local].to(trl_advantages.dtype)
             self._replace_logged_advantages(advantages)
 
         self._log_calibration(mode, rewards, scores, advantages, num_generations, ref_ppl, keep)
