@@ -22,14 +22,12 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, set_seed  # noqa: E402
 from trl import SFTConfig, SFTTrainer  # noqa: E402
 
-from capo_trl.data import arithmetic_dataset  # noqa: E402
+from capo_trl.data import ARITHMETIC_CHARS, arithmetic_dataset, char_tokenizer  # noqa: E402
 
 PACKAGE_ASSET = Path(__file__).resolve().parents[1] / "src" / "capo_trl" / "assets" / "arith-tiny"
-CHARS = "0123456789+-=. Cmpute\\boxed{}"
 # Renders the last user message as is, so a conversational prompt and the plain-text prompt
 # "Compute 3+4." tokenise identically; the model answers after it.
 CHAT_TEMPLATE = (
@@ -39,16 +37,7 @@ CHAT_TEMPLATE = (
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2}
-    for ch in CHARS:
-        vocab.setdefault(ch, len(vocab))
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>", padding_side="left"
-    )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
+    return char_tokenizer(ARITHMETIC_CHARS, CHAT_TEMPLATE)
 
 
 def build_model(vocab_size: int, seed: int) -> Qwen2ForCausalLM:
@@ -71,8 +60,9 @@ def validate(model_dir: str, n_problems: int, n_samples: int, seed: int) -> dict
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     problems = arithmetic_dataset("validation", n_problems, seed=seed)
     set_seed(seed)
-    result = evaluate(model, tokenizer, problems, n=n_samples, max_new_tokens=48, temperature=1.0)
-    return {k: v for k, v in result.summary().items() if isinstance(v, (int, float))}
+    result = evaluate(model, tokenizer, problems, n=n_samples, max_new_tokens=48, temperature=1.0, progress=False)
+    keep = (f"mean@{n_samples}", "auroc", "auroc_question", "ece")
+    return {k: result.metrics[k] for k in keep}
 
 
 def main():

@@ -12,20 +12,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
-from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 from capo_trl import CAPOConfig, CAPOTrainer  # noqa: E402
+from capo_trl.data import char_tokenizer  # noqa: E402
 
 
 def tiny_model(path: str) -> str:
-    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{c: i + 3 for i, c in enumerate("0123456789+=? abcdefghijklmnopqrstuvwxyz")}}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
-                                        unk_token="<unk>", padding_side="left")
+    tokenizer = char_tokenizer("0123456789+=? abcdefghijklmnopqrstuvwxyz")
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(vocab), hidden_size=64, intermediate_size=128,
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
                                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                          pad_token_id=0, eos_token_id=1))
     model.save_pretrained(path)

@@ -7,6 +7,11 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
+
+# Tiny models gain nothing from intra-op threads, and with pytest-xdist on 2 cores extra threads
+# oversubscribe the CPU (generation was measured 100x slower under contention).
+torch.set_num_threads(1)
 
 from tiny import build_tiny_model  # noqa: E402
 

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import torch
 from datasets import Dataset
-from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from capo_trl.data import char_tokenizer
 
 CHARS = list("0123456789+-*=.,?!abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ{}\\()")
 CHAT_TEMPLATE = (
@@ -17,16 +18,7 @@ CHAT_TEMPLATE = (
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2}
-    for ch in CHARS:
-        vocab.setdefault(ch, len(vocab))
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>", padding_side="left"
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
+    return char_tokenizer("".join(CHARS), CHAT_TEMPLATE)
 
 
 def build_tiny_model(out_dir, seed: int = 0, hidden_size: int = 32, num_hidden_layers: int = 2) -> str:

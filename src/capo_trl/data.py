@@ -128,6 +128,49 @@ def with_grader_noise(reward_func, rate: float, seed: int = 0):
     return noisy
 
 
+ARITHMETIC_CHARS = "0123456789+-=. Cmpute\\boxed{}"
+
+
+def char_tokenizer(chars: str = ARITHMETIC_CHARS, chat_template: str | None = None):
+    """A character-level tokenizer (pad/eos/unk + one token per character) that survives reloading.
+
+    It is a merge-free byte-level BPE, exactly what ``Qwen2Tokenizer`` rebuilds from
+    ``tokenizer.json``: transformers 5 loads a tokenizer saved next to a Qwen2 ``config.json`` as
+    ``Qwen2Tokenizer``, which imposes its byte-level pre-tokenizer (space becomes ``\u0120``). A
+    plain character vocabulary would silently lose every space on reload; this one round-trips.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    byte_char = bytes_to_unicode()
+    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2}
+    for ch in chars:
+        vocab.setdefault("".join(byte_char[b] for b in ch.encode()), len(vocab))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
+                                        unk_token="<unk>", padding_side="left")
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    return tokenizer
+
+
+EMBEDDED_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "arith-tiny"
+
+
+def embedded_model_path() -> str:
+    """The tiny arithmetic model shipped in the package (built by ``examples/pretrain_tiny.py``):
+    the default model of the CPU demo, so it runs with no hub access."""
+    if not (EMBEDDED_MODEL_DIR / "config.json").is_file():
+        raise FileNotFoundError(
+            f"The embedded arithmetic model is missing from {EMBEDDED_MODEL_DIR}. Build it with "
+            "`python examples/pretrain_tiny.py --out runs/pretrain`, or pass a model path."
+        )
+    return str(EMBEDDED_MODEL_DIR)
+
+
 # ------------------------------------------------------------------------------------------------
 # Benchmark registry: hub datasets, the arithmetic task and local files, one normalised schema.
 # ------------------------------------------------------------------------------------------------

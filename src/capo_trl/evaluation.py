@@ -1,0 +1,435 @@
+"""Evaluate a model the way CAPO reports it: N sampled answers per problem, accuracy, calibration.
+
+The confidence of a completion is its mean token log-prob ``s`` under the sampling temperature,
+recorded while ``generate`` samples by the same :class:`~capo_trl.reference.RolloutLogprobRecorder`
+the trainer uses, so a score here means exactly what it means in training. AUROC and AURC rank
+``s`` directly; ECE and Brier use ``exp(s)`` (EVALUATION.md).
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from . import calibration as cal
+from .reference import RolloutLogprobRecorder
+from .scaling import best_of_n, cluster_answers, majority_vote, perplexity_consistency, reasoning_pruned_consistency
+
+__all__ = ["EvalResult", "evaluate", "default_ks", "compute_metrics"]
+
+_GRADE_CHUNK = 256  # completions per grader call: keeps the progress bar moving
+
+
+def default_ks(n: int) -> list[int]:
+    """Powers of two up to n, and n itself: the k of pass@k and maj@k."""
+    ks = [k for k in (2**i for i in range(n.bit_length())) if k <= n]
+    return ks + ([n] if ks[-1] != n else [])
+
+
+@dataclass
+class EvalResult:
+    """Everything one evaluation produced.
+
+    ``metrics``: flat name -> number (NaN where undefined, e.g. AUROC with one class);
+    ``samples``: one dict per completion (``id``, ``draw``, ``completion``, ``extracted``,
+    ``grade``, ``score`` = s, ``num_tokens``, ``finished`` = ended with EOS); ``per_problem``:
+    one dict per problem; ``curves``: precision-coverage and reliability bins; ``config``: settings.
+    """
+
+    metrics: dict[str, float]
+    samples: list[dict]
+    per_problem: list[dict] = field(default_factory=list)
+    curves: dict[str, dict] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """JSON-ready report (NaN becomes null: JSON has no NaN); samples are left to the CSV."""
+        return _json_safe({"metrics": self.metrics, "config": self.config, "curves": self.curves,
+                           "per_problem": self.per_problem})
+
+    def table(self, full: bool = False) -> str:
+        """The headline numbers (every metric with ``full``), one ``name  value`` per line."""
+        n = self.config.get("n")
+        headline = [f"mean@{n}", *[f"pass@{k}" for k in self.config.get("ks", [])], f"maj@{n}", f"pc@{n}",
+                    "auroc", "auroc_question", "auroc_draw", "ece", "brier", "aurc", "e_aurc"]
+        keys = list(self.metrics) if full else [k for k in headline if k in self.metrics]
+        width = max(len(k) for k in keys)
+        lines = []
+        for key in keys:
+            value = self.metrics[key]
+            text = f"{value:.4f}" if isinstance(value, float) else f"{value}"
+            if key == f"mean@{n}" and f"{key}_ci_low" in self.metrics:
+                text += f"  [{self.metrics[key + '_ci_low']:.4f}, {self.metrics[key + '_ci_high']:.4f}]"
+            if key in ("auroc_question", "auroc_draw"):
+                text += f"  ({self.metrics[key + '_n']} usable)"
+            lines.append(f"{key:<{width}}  {text}")
+        return "\n".join(lines)
+
+    def save(self, out_dir, plots: bool = False) -> dict[str, Path]:
+        """Write ``report.json`` and ``samples.csv`` (and PNG plots when asked); returns the paths."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = {"report": out / "report.json", "samples": out / "samples.csv"}
+        paths["report"].write_text(json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n")
+        columns = ["id", "draw", "grade", "score", "confidence", "num_tokens", "finished", "extracted", "completion"]
+        with paths["samples"].open("w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=columns)
+            writer.writeheader()
+            for s in self.samples:
+                writer.writerow({**{k: s.get(k) for k in columns}, "confidence": math.exp(s["score"])})
+        if plots:
+            paths["precision_coverage"] = _plot_precision_coverage(self, out / "precision_coverage.png")
+            paths["reliability"] = _plot_reliability(self, out / "reliability.png")
+        return paths
+
+
+def new_figure(width: float = 5.0, height: float = 4.0):
+    """A matplotlib Figure outside pyplot: no global backend switch, no figure left open."""
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def _plot_precision_coverage(result: EvalResult, path: Path) -> Path:
+    """CAPO's "Pareto" plot: precision of the most confident fraction of answers."""
+    curve = result.curves["precision_coverage"]
+    fig = new_figure()
+    ax = fig.add_subplot()
+    ax.plot(curve["coverage"], curve["precision"], label="most confident first (s)")
+    acc = result.metrics.get(f"mean@{result.config['n']}")
+    if acc is not None and not math.isnan(acc):
+        ax.axhline(acc, color="gray", linestyle="--", label=f"accuracy {acc:.3f}")
+    ax.set(xlabel="coverage", ylabel="precision", xlim=(0, 1), ylim=(-0.02, 1.02),
+           title=f"precision-coverage (AURC {result.metrics['aurc']:.3f})")
+    ax.legend(loc="best")
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def _plot_reliability(result: EvalResult, path: Path) -> Path:
+    """Reliability diagram of exp(s): per-bin accuracy against the diagonal."""
+    bins = result.curves["reliability"]
+    edges = np.asarray(bins["edges"])
+    acc = np.asarray(bins["accuracy"], dtype=float)
+    fig = new_figure()
+    ax = fig.add_subplot()
+    ax.bar(edges[:-1], np.nan_to_num(acc), width=np.diff(edges), align="edge", edgecolor="black", alpha=0.7,
+           label="accuracy")
+    ax.plot([0, 1], [0, 1], color="gray", linestyle="--", label="perfect calibration")
+    ax.set(xlabel="confidence exp(s)", ylabel="accuracy", xlim=(0, 1), ylim=(0, 1),
+           title=f"reliability (ECE {result.metrics['ece']:.3f})")
+    ax.legend(loc="upper left")
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def _json_safe(x):
+    if isinstance(x, (np.floating, np.integer)):
+        x = x.item()
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple, np.ndarray)):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+# ------------------------------------------------------------------------------------ inputs
+def _as_problems(problems) -> list[dict]:
+    """Dataset or list of dicts -> ``[{"prompt", "answer", "id"}]`` with unique string ids."""
+    rows = [dict(r) for r in problems]
+    if not rows:
+        raise ValueError("evaluate: no problems given.")
+    missing = [k for k in ("prompt", "answer") if k not in rows[0]]
+    if missing:
+        raise ValueError(f"evaluate: problems need 'prompt' and 'answer' fields, missing {missing} "
+                         "(capo_trl.data.load_benchmark returns them).")
+    out = [{"prompt": r["prompt"], "answer": r["answer"], "id": str(r.get("id", i))} for i, r in enumerate(rows)]
+    if len({r["id"] for r in out}) != len(out):
+        raise ValueError("evaluate: problem ids must be unique (per-question metrics group by id).")
+    return out
+
+
+def _load_tokenizer(tokenizer, path: str | None):
+    """A tokenizer object; from ``tokenizer`` if it is a path, else from the model path."""
+    if tokenizer is not None and not isinstance(tokenizer, (str, Path)):
+        return tokenizer
+    if tokenizer is None and path is None:
+        raise ValueError("evaluate: pass the tokenizer with a model object (or pass a model path).")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tokenizer or path))
+
+
+def _load_model(model, device, dtype):
+    """A model object; loaded from a path in bf16 on GPU, fp32 on CPU unless ``dtype`` says otherwise."""
+    if not isinstance(model, (str, Path)):
+        return model
+    from transformers import AutoModelForCausalLM
+
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    return AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype).to(device)
+
+
+def _prompt_ids(tokenizer, prompts: list) -> list[list[int]]:
+    """Token ids exactly as GRPOTrainer builds them: chat template for conversations, else raw text."""
+    from trl.data_utils import is_conversational
+
+    if is_conversational({"prompt": prompts[0]}):
+        enc = tokenizer.apply_chat_template(prompts, add_generation_prompt=True, tokenize=True, return_dict=True)
+        return [list(ids) for ids in enc["input_ids"]]
+    return [list(ids) for ids in tokenizer(text=list(prompts))["input_ids"]]
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    """Every id that ends a completion: the tokenizer's EOS and the model's generation config's."""
+    config = getattr(model, "generation_config", None)
+    if isinstance(model, (str, Path)):  # vLLM: read the saved config
+        from transformers import GenerationConfig
+
+        try:
+            config = GenerationConfig.from_pretrained(str(model))
+        except OSError:  # no generation_config.json
+            config = None
+    cfg = getattr(config, "eos_token_id", None)
+    ids = {tokenizer.eos_token_id, *(cfg if isinstance(cfg, (list, tuple)) else [cfg])} - {None}
+    if not ids:
+        raise ValueError("evaluate: the tokenizer has no EOS token and the model config names none.")
+    return sorted(ids)
+
+
+# ------------------------------------------------------------------------------------ sampling
+def _sample_transformers(model, tokenizer, prompt_ids, n, temperature, top_p, top_k, max_new_tokens,
+                         batch_size, progress) -> list[tuple[list[int], list[float]]]:
+    """(completion ids up to and including EOS, their token log-probs) per (problem, draw)."""
+    from transformers import GenerationConfig
+
+    eos = _eos_ids(model, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    sampling = temperature > 0
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens, do_sample=sampling, temperature=temperature if sampling else None,
+        top_p=top_p if sampling else None, top_k=top_k if sampling else None, pad_token_id=pad,
+        eos_token_id=eos, bos_token_id=tokenizer.bos_token_id, disable_compile=True,
+    )
+    device = next(model.parameters()).device
+    jobs = [p for p in range(len(prompt_ids)) for _ in range(n)]  # problem-major: draws stay together
+    out = []
+    for start in tqdm(range(0, len(jobs), batch_size), desc="sampling", unit="batch", disable=not progress):
+        rows = [prompt_ids[p] for p in jobs[start:start + batch_size]]
+        width = max(len(r) for r in rows)
+        input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=device)
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
+        recorder = RolloutLogprobRecorder(temperature if sampling else 1.0)
+        with recorder.attached(model):
+            generated = model.generate(input_ids=input_ids, attention_mask=mask, generation_config=config)
+        completions = []
+        for row in generated[:, width:].tolist():
+            cut = next((i for i, t in enumerate(row) if t in eos), None)
+            completions.append(row if cut is None else row[: cut + 1])
+        logps = recorder.per_sequence(completions)
+        if logps is None:
+            raise RuntimeError("evaluate: generate() did not run the log-prob recorder (custom generate?).")
+        out.extend(zip(completions, logps))
+    return out
+
+
+def _sample_vllm(path, prompt_ids, n, temperature, top_p, top_k, max_new_tokens, seed):
+    """Same output as the transformers path, from vLLM with temperature-scaled ("processed") log-probs."""
+    if importlib.util.find_spec("vllm") is None:
+        raise ImportError("evaluate(backend='vllm') needs vLLM, which is not installed: pip install "
+                          "'capo-trl[vllm]' (CUDA only), or use backend='transformers'.")
+    if path is None:
+        raise ValueError("evaluate(backend='vllm') loads the model itself: pass a model path, not an object.")
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(model=path, seed=seed or 0, logprobs_mode="processed_logprobs")  # like TRL's colocate mode
+    params = SamplingParams(n=n, temperature=temperature, top_p=top_p, top_k=top_k or -1,
+                            max_tokens=max_new_tokens, logprobs=0, seed=seed)
+    results = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params)
+    out = []
+    for res in results:
+        for comp in res.outputs:
+            ids = list(comp.token_ids)
+            out.append((ids, [step[t].logprob for step, t in zip(comp.logprobs, ids)]))
+    return out
+
+
+# ------------------------------------------------------------------------------------ entry point
+def evaluate(model, tokenizer, problems, n: int = 16, *, ks: list[int] | None = None,
+             temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = 1024,
+             batch_size: int = 64, backend: str = "transformers", grader=None, seed: int | None = 0,
+             n_bins: int = 10, bootstrap: int = 1000, progress: bool = True, device=None,
+             dtype=None) -> EvalResult:
+    """Sample ``n`` completions per problem, grade them, and compute every CAPO metric.
+
+    ``model``/``tokenizer``: objects or paths (tokenizer None: the model path's). ``problems``: a
+    dataset or list of dicts with ``prompt`` (text or chat messages), ``answer`` (gold, or list of
+    acceptable golds), optional ``id``. ``batch_size``: sequences per ``generate`` call. ``grader``: anything with ``grade(texts, golds)``, ``extract(texts)`` and
+    ``equivalent(a, b)``, by default a :class:`~capo_trl.rewards.MathReward`. ``temperature=0``
+    is greedy (log-probs at T = 1). ``seed`` seeds sampling in a forked RNG, so the caller's
+    random stream (a training run's) is left untouched. ``backend="vllm"`` needs vLLM and a path.
+    """
+    if n < 1 or max_new_tokens < 1 or batch_size < 1:
+        raise ValueError(f"evaluate: n, max_new_tokens and batch_size must be >= 1, got {n}, {max_new_tokens}, "
+                         f"{batch_size}.")
+    if backend not in ("transformers", "vllm"):
+        raise ValueError(f"evaluate: backend={backend!r}; expected 'transformers' or 'vllm'.")
+    ks = sorted({k for k in (ks or default_ks(n))})
+    if ks[0] < 1 or ks[-1] > n:
+        raise ValueError(f"evaluate: every k must be in [1, n={n}], got {ks}.")
+    rows = _as_problems(problems)
+    settings = dict(n=n, ks=ks, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
+                    backend=backend, seed=seed,
+                    confidence="s = mean token log-prob (incl. EOS) of log_softmax(logits / T); ECE/Brier use exp(s)")
+    path = str(model) if isinstance(model, (str, Path)) else None
+    tokenizer = _load_tokenizer(tokenizer, path)
+    if backend == "vllm":
+        drawn = _sample_vllm(path, _prompt_ids(tokenizer, [r["prompt"] for r in rows]), n, temperature, top_p,
+                             top_k, max_new_tokens, seed)
+    else:
+        model = _load_model(model, device, dtype)
+        prompt_ids = _prompt_ids(tokenizer, [r["prompt"] for r in rows])
+        was_training = model.training
+        model.eval()
+        try:
+            with _seeded(seed, next(model.parameters()).device), torch.no_grad():
+                drawn = _sample_transformers(model, tokenizer, prompt_ids, n, temperature, top_p, top_k,
+                                             max_new_tokens, batch_size, progress)
+        finally:
+            model.train(was_training)
+    eos = set(_eos_ids(model, tokenizer))
+    texts = tokenizer.batch_decode([ids for ids, _ in drawn], skip_special_tokens=True)
+    owned = grader is None
+    if owned:
+        from .rewards import MathReward
+
+        grader = MathReward()
+    try:
+        samples = _grade(drawn, texts, rows, n, eos, grader, progress)
+        metrics, per_problem, curves = compute_metrics(samples, n, ks, grader.equivalent, n_bins=n_bins,
+                                                       bootstrap=bootstrap, seed=seed or 0, progress=progress)
+    finally:
+        if owned:
+            grader.close()
+    return EvalResult(metrics, samples, per_problem, curves, settings)
+
+
+@contextmanager
+def _seeded(seed: int | None, device: torch.device):
+    """Seed sampling inside a forked RNG (the caller's stream resumes untouched); no-op for None."""
+    if seed is None:
+        yield
+        return
+    gpus = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=gpus):
+        torch.manual_seed(seed)
+        yield
+
+
+def _grade(drawn, texts, rows, n, eos, grader, progress) -> list[dict]:
+    """Per-sample records: grade and extracted answer from the grader, score s = mean log-prob."""
+    golds = [r["answer"] for r in rows for _ in range(n)]
+    grades, extracted = [], []
+    for start in tqdm(range(0, len(texts), _GRADE_CHUNK), desc="grading", disable=not progress):
+        chunk = slice(start, start + _GRADE_CHUNK)
+        grades += grader.grade(texts[chunk], golds[chunk])
+        extracted += grader.extract(texts[chunk])
+    return [
+        {"id": rows[i // n]["id"], "draw": i % n, "completion": texts[i], "extracted": extracted[i],
+         "grade": grades[i], "score": float(np.mean(lp)), "num_tokens": len(ids),
+         "finished": bool(ids) and ids[-1] in eos}
+        for i, (ids, lp) in enumerate(drawn)
+    ]
+
+
+# ------------------------------------------------------------------------------------ metrics
+def compute_metrics(samples: list[dict], n: int, ks: list[int], equivalent, n_bins: int = 10,
+                    bootstrap: int = 1000, seed: int = 0, progress: bool = False):
+    """Accuracy, scaling and calibration metrics from per-sample records (problem-major, n each).
+
+    Problems with an ungraded sample (gold the grader cannot parse) are left out of every metric
+    and counted in ``n_problems_ungraded``. maj@k votes over the first k draws. A voted answer
+    is right when the first completion that gave that exact answer string was graded right.
+    """
+    P = len(samples) // n
+    grades = np.array([np.nan if s["grade"] is None else s["grade"] for s in samples], dtype=float).reshape(P, n)
+    scores = np.array([s["score"] for s in samples], dtype=float).reshape(P, n)
+    graded = ~np.isnan(grades).any(axis=1)
+    G, S = grades[graded], scores[graded]
+    ids = [samples[p * n]["id"] for p in range(P)]
+    kept = [p for p in range(P) if graded[p]]
+    qids = [ids[p] for p in kept for _ in range(n)]
+    m: dict[str, float] = {"n_problems": P, "n_samples": len(samples), "n_problems_ungraded": int(P - graded.sum())}
+    c = G.sum(axis=1).astype(int)
+    per_frac = G.mean(axis=1) if len(G) else np.zeros(0)
+    m[f"mean@{n}"] = cal.mean_at_k(G) if len(G) else float("nan")
+    if bootstrap and len(G) > 1:
+        rng = np.random.default_rng(seed)
+        boots = per_frac[rng.integers(0, len(G), size=(bootstrap, len(G)))].mean(axis=1)
+        m[f"mean@{n}_ci_low"], m[f"mean@{n}_ci_high"] = (float(v) for v in np.percentile(boots, [2.5, 97.5]))
+    for k in ks:
+        m[f"pass@{k}"] = float(np.mean(cal.pass_at_k(np.full(len(c), n), c, k))) if len(c) else float("nan")
+    selectors = {f"maj@{k}": [] for k in ks} | {f"pc@{n}": [], f"rpc@{n}": [], f"bon@{n}": []}
+    per_problem = []
+    for p in tqdm(kept, desc="voting", disable=not progress):
+        rec = samples[p * n:(p + 1) * n]
+        answers, texts = [r["extracted"] for r in rec], [r["completion"] for r in rec]
+        clusters, _ = cluster_answers(answers, equivalent)
+        row = {"id": ids[p], "n_correct": int(grades[p].sum()), "n": n}
+        for k in ks:
+            right = _first_grade(answers[:k], grades[p])
+            selectors[f"maj@{k}"].append(majority_vote(answers[:k], clusters=clusters[:k]).credit(right))
+        right = _first_grade(answers, grades[p])
+        s = scores[p]
+        for name, res in ((f"pc@{n}", perplexity_consistency(answers, s, texts=texts, clusters=clusters)),
+                          (f"rpc@{n}", reasoning_pruned_consistency(answers, s, texts=texts, clusters=clusters)),
+                          (f"bon@{n}", best_of_n(answers, s, clusters=clusters))):
+            selectors[name].append(res.credit(right))
+            row[name.split("@")[0]] = res.answer
+        row["maj"] = majority_vote(answers, clusters=clusters).answer
+        per_problem.append(row)
+    m.update({k: float(np.mean(v)) if v else float("nan") for k, v in selectors.items()})
+    s_flat, y_flat = S.reshape(-1), G.reshape(-1)
+    p_flat = np.exp(s_flat)
+    m["auroc"] = cal.auroc(s_flat, y_flat)
+    m["auroc_question"], m["auroc_question_n"] = cal.auroc_per_question(s_flat, y_flat, qids)
+    m["auroc_draw"], m["auroc_draw_n"] = cal.auroc_per_draw(S, G) if len(G) else (float("nan"), 0)
+    m["ece"] = cal.ece(p_flat, y_flat, n_bins=n_bins)
+    m["brier"] = cal.brier(p_flat, y_flat)
+    m["aurc"], m["e_aurc"] = cal.aurc(s_flat, y_flat), cal.e_aurc(s_flat, y_flat)
+    m["mean_score"] = float(s_flat.mean()) if s_flat.size else float("nan")
+    m["mean_confidence"] = float(p_flat.mean()) if p_flat.size else float("nan")
+    m["mean_tokens"] = float(np.mean([r["num_tokens"] for r in samples]))
+    m["finished_frac"] = float(np.mean([r["finished"] for r in samples]))
+    m["answered_frac"] = float(np.mean([r["extracted"] is not None for r in samples]))
+    coverage, precision = cal.precision_coverage(s_flat, y_flat)
+    bins = cal.reliability_bins(p_flat, y_flat, n_bins=n_bins)
+    curves = {
+        "precision_coverage": {"coverage": coverage.tolist(), "precision": precision.tolist()},
+        "reliability": {"edges": bins.edges.tolist(), "count": bins.count.tolist(),
+                        "confidence": bins.confidence.tolist(), "accuracy": bins.accuracy.tolist()},
+    }
+    return m, per_problem, curves
+
+
+def _first_grade(answers: list, grades: np.ndarray):
+    """``is_correct(answer)`` = grade of the first completion that gave exactly that answer."""
+    first: dict[str, float] = {}
+    for a, g in zip(answers, grades):
+        if a is not None:
+            first.setdefault(a, g)
+    return lambda a: first.get(a, 0.0) == 1.0
