@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 # ------------------------------------------------------------------------------------ eval
 
@@ -79,9 +80,127 @@ def run_eval(args) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------ demo / compare
+def _add_budget_args(p, steps: int, test_problems: int) -> None:
+    p.add_argument("--model", default=None, help="model directory (default: the embedded arithmetic model)")
+    p.add_argument("--steps", type=int, default=steps, help=f"RL steps per run (default {steps})")
+    p.add_argument("--test-problems", type=int, default=test_problems, help="test-split problems to evaluate")
+    p.add_argument("--test-samples", type=int, default=8, help="samples per test problem")
+    p.add_argument("--grader-noise", type=float, default=0.0, help="fraction of rewards flipped (mask ablations)")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+def _budget(args, **extra):
+    from .compare import Budget
+
+    fields = dict(steps=args.steps, test_problems=args.test_problems, test_samples=args.test_samples,
+                  grader_noise=args.grader_noise, model=args.model, progress=not args.no_progress, **extra)
+    return Budget(**{k: v for k, v in fields.items() if v is not None})
+
+
+def add_demo_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "demo", help="train CAPO on the embedded default and show calibration before/after (CPU, minutes)",
+        description="Trains the `capo` preset on the embedded arithmetic task with the embedded tiny model, then "
+                    "prints accuracy, pooled and per-question AUROC and ECE on the test split before and after.",
+    )
+    _add_budget_args(p, steps=60, test_problems=256)
+    p.add_argument("--method", default="capo", help="method preset (see `capo-trl compare --help`)")
+    p.set_defaults(func=run_demo)
+
+
+def run_demo(args) -> int:
+    from .compare import demo
+
+    demo(_budget(args, val_every=max(1, args.steps // 2), val_problems=32), method=args.method)
+    return 0
+
+
+def add_compare_parser(subparsers) -> None:
+    from .compare import PRESETS
+
+    p = subparsers.add_parser(
+        "compare", help="train several methods side by side on identical data, seeds and budget",
+        description="Every method is a preset of CAPOConfig overrides, optionally amended with :field=value "
+                    f"(presets: {', '.join(sorted(PRESETS))}). Writes DIR/report.md, metrics.csv, final.csv, "
+                    "summary.json, val_curves.png and precision_coverage.png.",
+    )
+    p.add_argument("--methods", default="grpo,capo", help="comma-separated, e.g. grpo,capo,capo:tau=0.5")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--val-every", type=int, default=25, help="validation every N steps")
+    p.add_argument("--val-problems", type=int, default=64)
+    p.add_argument("--val-samples", type=int, default=4)
+    p.add_argument("--learning-rate", type=float, default=None)
+    _add_budget_args(p, steps=200, test_problems=256)
+    p.set_defaults(func=run_compare)
+
+
+def run_compare(args) -> int:
+    from .compare import compare, parse_methods
+
+    try:
+        methods = parse_methods(args.methods)
+    except ValueError as err:
+        print(f"capo-trl compare: {err}", file=sys.stderr)
+        return 2
+    budget = _budget(args, val_every=args.val_every, val_problems=args.val_problems, val_samples=args.val_samples,
+                     learning_rate=args.learning_rate)
+    summary = compare(methods, args.seeds, args.out, budget)
+    print((Path(args.out) / "report.md").read_text())
+    return 0 if summary else 1
+
+
+def add_calibrate_mask_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "calibrate-mask", help="measure tau and the noise-mask thresholds for a reference model",
+        description="Samples the reference model on training prompts and prints the paper's quartile-rule "
+                    "ref_high/ref_low, the within-group spread of the score s (a suggested absolute tau), and "
+                    "the reference's own AUROC (is it calibrated enough for the mask to mean anything?).",
+    )
+    p.add_argument("--model", default=None, help="reference model directory (default: the embedded model)")
+    p.add_argument("--benchmark", default="arithmetic-train",
+                   help="training prompts: a registered name or a local file (default: the arithmetic train split)")
+    p.add_argument("--limit", type=int, default=128, help="number of prompts")
+    p.add_argument("--n", type=int, default=8, help="samples per prompt (the group size you train with)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default: 48 for arithmetic, else 1024")
+    p.add_argument("--template", default=None, choices=["qwen_math", "plain", "raw"])
+    p.add_argument("--write-config", default=None, metavar="YAML",
+                   help="write tau, ref_high and ref_low into this YAML config (created or updated)")
+    p.set_defaults(func=run_calibrate_mask)
+
+
+def run_calibrate_mask(args) -> int:
+    import yaml
+
+    from .compare import calibrate_mask
+    from .data import BenchmarkError, arithmetic_dataset, embedded_model_path, load_benchmark
+
+    arithmetic = args.benchmark == "arithmetic-train"
+    try:
+        problems = (arithmetic_dataset("train", args.limit) if arithmetic
+                    else load_benchmark(args.benchmark, limit=args.limit, template=args.template))
+    except BenchmarkError as err:
+        print(f"capo-trl calibrate-mask: {err}", file=sys.stderr)
+        return 2
+    max_new = args.max_new_tokens or (48 if arithmetic else 1024)
+    report = calibrate_mask(args.model or embedded_model_path(), None, problems, n=args.n, max_new_tokens=max_new)
+    for key, value in report.items():
+        print(f"{key:>22}: {value}")
+    if args.write_config:
+        path = Path(args.write_config)
+        config = yaml.safe_load(path.read_text()) if path.exists() else {}
+        config = config or {}
+        config.update(tau=round(report["tau"], 6), tau_mode="absolute", ref_high=round(report["ref_high"], 6),
+                      ref_low=round(report["ref_low"], 6), ref_thresholds="fixed")
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        print(f"wrote tau, ref_high, ref_low to {path}")
+    return 0
+
+
 # ------------------------------------------------------------------------------------ dispatcher
 
-SUBCOMMANDS = [add_eval_parser]
+SUBCOMMANDS = [add_eval_parser, add_demo_parser, add_compare_parser, add_calibrate_mask_parser]
 
 
 def build_parser() -> argparse.ArgumentParser:
