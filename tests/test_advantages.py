@@ -234,3 +234,19 @@ def test_registry_rejects_duplicates_and_capo_estimator_logs_tau():
     assert metrics == {"capo/tau": 0.6}
     trl = torch.randn(5)
     assert ESTIMATORS["grpo"](AdvantageInputs(R, S, 5, trl, cfg))[0] is trl
+
+
+def test_matched_scale_keeps_grpo_step_size_and_zero_sum():
+    from capo_trl.advantages import match_group_l1
+
+    rewards = torch.cat([R, torch.ones(5)])
+    scores = torch.cat([S, S])
+    capo = capo_advantages(rewards, scores, 5, tau=0.05)
+    grpo = grpo_advantages(rewards, 5)
+    matched = match_group_l1(capo, grpo, 5)
+    torch.testing.assert_close(matched[:5].abs().sum(), grpo[:5].abs().sum())
+    assert abs(matched[:5].sum().item()) < 1e-5 and (matched[5:] == 0).all()
+    assert (torch.sign(matched[:5]) == torch.sign(capo[:5])).all()
+    # at huge tau CAPO's pair weights are uniform: matched equals GRPO's advantage exactly
+    wide = match_group_l1(capo_advantages(R, S, 5, tau=1e6), grpo_advantages(R, 5), 5)
+    torch.testing.assert_close(wide, grpo_advantages(R, 5), atol=1e-4, rtol=1e-4)

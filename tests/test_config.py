@@ -29,6 +29,7 @@ def test_defaults_follow_the_paper_and_mask_follows_estimator():
         ("ref_cache_size", 1.5, "ref_cache_size"),
         ("tau_mode", "auto", "tau_mode"),
         ("advantage_scale", "unit", "advantage_scale"),
+        ("advantage_scale", "grpo", "advantage_scale"),
         ("ref_thresholds", "quartile", "ref_thresholds"),
         ("ref_calibration_steps", 0, "ref_calibration_steps"),
     ],

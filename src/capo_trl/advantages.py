@@ -24,7 +24,7 @@ from trl.trainer.utils import nanstd
 
 NORMALIZATIONS = ("group", "pairs", "none")
 SURROGATES = ("logistic", "linear")
-SCALES = ("paper", "bounded")
+SCALES = ("paper", "bounded", "matched")
 GRPO_SCALES = ("group", "batch", "none")
 
 
@@ -71,6 +71,8 @@ def capo_advantages(
             ``tau`` shrinks. ``"bounded"`` multiplies by ``2 tau``: each pair then weighs
             ``2 sigma(.)`` in ``(0, 2)``, and as ``tau -> inf`` the advantage tends to Dr. GRPO's
             ``R_i - mean(R)`` whatever the scale of the scores (ignored for ``"linear"``).
+            (``"matched"`` is applied by the registry's ``capo`` estimator, which knows GRPO's
+            advantages: here it behaves like ``"bounded"``.)
 
     Returns:
         ``(N,)`` float tensor, zero for unscorable rows and for groups whose rewards all tie.
@@ -94,7 +96,7 @@ def capo_advantages(
             raise ValueError(f"tau must be finite and > 0, got {tau}.")
         tau_t = tau_t.reshape(-1, 1, 1) if tau_t.dim() else tau_t
         D = s[:, :, None] - s[:, None, :]  # s_a - s_b
-        M = W * torch.sigmoid(-D / tau_t) * (2.0 if scale == "bounded" else 1.0 / tau_t)
+        M = W * torch.sigmoid(-D / tau_t) * (1.0 / tau_t if scale == "paper" else 2.0)
     else:
         M = W
     adv = M.sum(dim=2) - M.sum(dim=1)
@@ -202,6 +204,9 @@ class AdvantageInputs:
 
     ``trl_advantages`` are GRPOTrainer's own advantages (its ``scale_rewards`` etc. applied);
     ``config`` is the `CAPOConfig`; ``step`` the optimizer step the rollout was generated at.
+    Verbalised-confidence estimators (those with a ``parse_confidence`` attribute) also get the stated
+    ``confidence`` (N,) (NaN if none), ``format_ok`` (N,) and ``confidence_mask`` (N, T) of the
+    confidence block's tokens (T = the widest completion over processes).
     """
 
     rewards: torch.Tensor
@@ -211,6 +216,9 @@ class AdvantageInputs:
     config: Any
     step: int = 0
     scale_rewards: str = "group"
+    confidence: torch.Tensor | None = None
+    format_ok: torch.Tensor | None = None
+    confidence_mask: torch.Tensor | None = None
 
 
 Estimator = Callable[[AdvantageInputs], "tuple[torch.Tensor, dict[str, float]]"]
@@ -248,4 +256,19 @@ def _capo_estimator(batch: AdvantageInputs):
                           cfg.surrogate, cfg.advantage_scale)
     if cfg.advantage_scale == "bounded":  # on TRL's scale: equals GRPO's advantage as tau grows
         adv = adv / reward_scale(batch.rewards, batch.num_generations, batch.scale_rewards)
+    elif cfg.advantage_scale == "matched":
+        adv = match_group_l1(adv, batch.trl_advantages, batch.num_generations)
     return adv, {"capo/tau": tau}
+
+
+def match_group_l1(advantages: torch.Tensor, reference: torch.Tensor, num_generations: int) -> torch.Tensor:
+    """Rescale each group so that its total |advantage| equals ``reference``'s (GRPO's).
+
+    CAPO then only *redistributes* GRPO's credit inside a group, towards mis-ranked pairs, with
+    GRPO's step size whatever ``tau``: accuracy and calibration effects are not confounded with a
+    change of learning rate. A group whose CAPO advantages are all zero stays zero.
+    """
+    a = _grouped(advantages.float(), num_generations, "advantages")
+    ref = _grouped(reference.to(a.device, torch.float32), num_generations, "reference")
+    mass, target = a.abs().sum(1, keepdim=True), ref.abs().sum(1, keepdim=True)
+    return torch.where(mass > 0, a * target / mass.clamp(min=1e-12), 0.0).reshape(-1)

@@ -198,9 +198,34 @@ def run_calibrate_mask(args) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------ train
+def add_train_parser(subparsers) -> None:
+    # Every argument after `train` goes to TRL's TrlParser (src/capo_trl/train.py), which owns --help,
+    # --config and several hundred fields: prefix_chars="+" stops argparse from reading them as its options.
+    p = subparsers.add_parser(
+        "train", help="train CAPO (or GRPO) from a YAML recipe and flags: every CAPOConfig/ModelConfig field",
+        description="capo-trl train [--config RECIPE.yaml] [--field value ...]; see `capo-trl train --help`.",
+        add_help=False, prefix_chars="+",
+    )
+    p.add_argument("train_args", nargs=argparse.REMAINDER, help="--config RECIPE.yaml and field overrides")
+    p.set_defaults(func=run_train)
+
+
+def run_train(args) -> int:
+    from .train import finish, parse_args, run
+
+    try:
+        parsed = parse_args(args.train_args)  # a bad recipe or flag is a clean error, not a traceback
+    except ValueError as err:
+        print(f"capo-trl train: {err}", file=sys.stderr)
+        return 2
+    finish(run(*parsed))
+    return 0
+
+
 # ------------------------------------------------------------------------------------ dispatcher
 
-SUBCOMMANDS = [add_eval_parser, add_demo_parser, add_compare_parser, add_calibrate_mask_parser]
+SUBCOMMANDS = [add_eval_parser, add_demo_parser, add_compare_parser, add_calibrate_mask_parser, add_train_parser]
 
 
 def build_parser() -> argparse.ArgumentParser:

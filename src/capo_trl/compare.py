@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -132,6 +133,13 @@ def compare(methods: list[tuple[str, dict]], seeds: int, out: Path, budget: Budg
     out.mkdir(parents=True, exist_ok=True)
     rows, finals, curves = [], {}, {}
     started = time.time()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    start_path = budget.model or embedded_model_path()
+    start = _evaluate_test(AutoModelForCausalLM.from_pretrained(start_path), AutoTokenizer.from_pretrained(start_path),
+                           budget, seed=0)
+    finals["start (no RL)"] = [_headline(start.metrics, budget.test_samples)]
+    curves["start (no RL)"] = [start.curves.get("precision_coverage")]
     for seed in range(seeds):
         for label, overrides in methods:
             t0 = time.time()
@@ -153,7 +161,7 @@ def compare(methods: list[tuple[str, dict]], seeds: int, out: Path, budget: Budg
         writer = csv.DictWriter(f, fieldnames=["method", "seed", *HEADLINE])
         writer.writeheader()
         for label, per_seed in finals.items():
-            for seed, values in enumerate(per_seed):
+            for seed, values in enumerate(per_seed):  # the start model is evaluated once (seed 0)
                 writer.writerow({"method": label, "seed": seed, **values})
     summary = {label: {k: _mean_std([v[k] for v in per_seed]) for k in HEADLINE} for label, per_seed in finals.items()}
     _write_report(out, methods, seeds, budget, summary, time.time() - started)
@@ -245,7 +253,8 @@ def demo(budget: Budget | None = None, method: str = "capo") -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     before = _evaluate_test(AutoModelForCausalLM.from_pretrained(model_path), tokenizer, budget, seed=0)
     (label, overrides), = parse_methods(method)
-    _, _, after = train_method(overrides, 0, budget, Path("capo-demo-output"))
+    with tempfile.TemporaryDirectory() as tmp:  # nothing is saved: the demo only reports
+        _, _, after = train_method(overrides, 0, budget, Path(tmp))
     report = {"before": _headline(before.metrics, budget.test_samples),
               "after": _headline(after.metrics, budget.test_samples)}
     print(f"\n{label} on the embedded arithmetic task: {budget.steps} RL steps; test split "

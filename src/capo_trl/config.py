@@ -5,16 +5,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from trl import GRPOConfig
-
 from .advantages import ESTIMATORS, NORMALIZATIONS, SCALES, SURROGATES
+from .baselines import BaselineConfig  # GRPOConfig + the comparison methods' fields; registers their estimators
 
 TAU_MODES = ("absolute", "relative")
 THRESHOLD_MODES = ("fixed", "auto")
 
 
 @dataclass
-class CAPOConfig(GRPOConfig):
+class CAPOConfig(BaselineConfig):
     r"""Configuration for [`CAPOTrainer`]: every [`trl.GRPOConfig`] field plus the CAPO fields below.
 
     Migration from TRL is `s/GRPOConfig/CAPOConfig/`. With `advantage_estimator="grpo"` (and the
@@ -51,7 +50,9 @@ class CAPOConfig(GRPOConfig):
             `"paper"` keeps the `1/tau` factor of the derivative (advantages grow as `tau` shrinks);
             `"bounded"` multiplies by `2 tau` and divides by the reward std TRL's `scale_rewards` uses,
             so each pair weighs `2 sigma(.)` in (0, 2) and, as `tau` grows, the advantage becomes
-            exactly GRPOTrainer's (`scale_rewards="group"`) or Dr. GRPO's (`"none"`).
+            exactly GRPOTrainer's (`scale_rewards="group"`) or Dr. GRPO's (`"none"`). `"matched"`
+            rescales each group to GRPO's total |advantage|: CAPO then only redistributes GRPO's
+            credit towards mis-ranked pairs, at GRPO's step size, whatever `tau`.
         ref_thresholds (`str`, defaults to `"fixed"`):
             `"fixed"`: use `ref_high` / `ref_low`. `"auto"`: measure them with the paper's quartile rule
             (upper quartile of the reference PPL on correct answers, lower quartile on wrong ones) on
@@ -108,7 +109,8 @@ class CAPOConfig(GRPOConfig):
     advantage_scale: str = field(
         default="paper",
         metadata={"help": "'paper' (keeps the 1/tau factor) or 'bounded' (times 2*tau, divided by the "
-                  "scale_rewards std: pair weights in (0, 2), GRPO's advantage as tau grows).", "choices": list(SCALES)},
+                  "scale_rewards std: pair weights in (0, 2), GRPO's advantage as tau grows) or 'matched' (each group "
+                  "rescaled to GRPO's total |advantage|).", "choices": list(SCALES)},
     )
     ref_thresholds: str = field(
         default="fixed",

@@ -1,0 +1,377 @@
+"""`capo-trl train`: CAPOTrainer from a YAML recipe plus command-line overrides.
+
+Built like ``trl grpo`` (``trl/scripts/grpo.py``) on TRL's :class:`~trl.TrlParser`, so a recipe is
+one flat YAML mapping of :class:`ScriptArguments`, :class:`~capo_trl.CAPOConfig` and
+:class:`~trl.ModelConfig` fields, the command line overrides it, and ``accelerate launch`` runs it
+unchanged on any number of processes::
+
+    capo-trl train --config examples/recipes/capo-qwen2.5-math-1.5b.yaml --max_steps 10
+    accelerate launch --config_file examples/accelerate/zero2.yaml -m capo_trl.cli train --config RECIPE.yaml
+
+Without a model it trains the embedded default (the tiny arithmetic model on the arithmetic task,
+graded by ``math_accuracy``) with settings that fit a CPU: what ``capo-trl demo`` trains.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .config import CAPOConfig
+
+# Reward functions known by short name; anything else is a dotted path.
+REWARDS = {
+    "math_accuracy": "capo_trl.rewards:math_accuracy_reward",
+    "boxed_format": "capo_trl.rewards:boxed_format_reward",
+}
+
+
+@dataclass
+class ScriptArguments:
+    """What to train on and how to grade it (the model is :class:`trl.ModelConfig`'s, the trainer CAPOConfig's).
+
+    Field names follow ``trl grpo`` where the meaning is the same, so TRL recipes carry over.
+    """
+
+    dataset_name: str | None = field(
+        default=None,
+        metadata={"help": "Training data: a capo_trl.data registry name (math500, aime24, aime25, amc23, minerva, "
+                  "olympiadbench, deepscaler, arithmetic), a hub dataset id, or a local .json/.jsonl/.csv/.parquet "
+                  "file with 'problem' and 'answer' columns. Default: the embedded arithmetic task."},
+    )
+    dataset_config: str | None = field(
+        default=None, metadata={"help": "Configuration name of a hub dataset id (load_dataset's `name`)."},
+    )
+    dataset_train_split: str | None = field(
+        default=None,
+        metadata={"help": "Split to train on. Default: the registry's split for a registered name ('train' for "
+                  "arithmetic and deepscaler), 'train' for a hub id; not allowed for a local file."},
+    )
+    dataset_test_split: str | None = field(
+        default=None,
+        metadata={"help": "Split evaluated when eval_strategy is not 'no' (same dataset). Default: none."},
+    )
+    dataset_limit: int | None = field(
+        default=None, metadata={"help": "Train on the first N problems only."},
+    )
+    dataset_columns: list[str] | None = field(
+        default=None,
+        metadata={"help": "Column mapping ROLE=NAME for the roles problem, answer and id, e.g. "
+                  "--dataset_columns problem=question answer=final_answer (a YAML mapping also works)."},
+    )
+    prompt_template: str | None = field(
+        default=None,
+        metadata={"help": "How a problem becomes a prompt: 'qwen_math' (chat messages with the Qwen2.5-Math system "
+                  "prompt; default for math), 'plain' (text) or 'raw' (the problem unchanged; default for "
+                  "arithmetic).", "choices": ["qwen_math", "plain", "raw"]},
+    )
+    max_prompt_length: int | None = field(
+        default=None,
+        metadata={"help": "Drop training problems whose rendered prompt is longer than this many tokens (verl's "
+                  "filter_overlong_prompts; TRL 1.16 has no prompt truncation). Default: keep all."},
+    )
+    reward_funcs: list[str] = field(
+        default_factory=lambda: ["math_accuracy"],
+        metadata={"help": "Reward functions: 'math_accuracy', 'boxed_format', or a dotted path "
+                  "('package.module:function' or 'package.module.function'). Weights: --reward_weights."},
+    )
+
+    def __post_init__(self):
+        if isinstance(self.dataset_columns, dict):  # a YAML mapping
+            self.dataset_columns = [f"{k}={v}" for k, v in self.dataset_columns.items()]
+        if isinstance(self.reward_funcs, str):  # a YAML scalar
+            self.reward_funcs = [self.reward_funcs]
+        self.columns()  # validate early
+
+    def columns(self) -> dict[str, str] | None:
+        """``dataset_columns`` as ``{role: column}``."""
+        from .data import ROLES
+
+        out = {}
+        for pair in self.dataset_columns or []:
+            role, sep, name = str(pair).partition("=")
+            if not sep or not role or not name:
+                raise ValueError(f"dataset_columns: expected ROLE=NAME, got {pair!r}.")
+            if role not in ROLES:
+                raise ValueError(f"dataset_columns: unknown role {role!r}; map any of {ROLES} to a column name.")
+            out[role] = name
+        return out or None
+
+
+# ------------------------------------------------------------------------------------------ parsing
+def make_parser(prog: str = "capo-trl train"):
+    """TRL's parser over (ScriptArguments, CAPOConfig, ModelConfig): every field is a flag and a YAML key."""
+    from trl import ModelConfig, TrlParser
+
+    return TrlParser((ScriptArguments, CAPOConfig, ModelConfig), prog=prog)
+
+
+def embedded_defaults() -> dict:
+    """Trainer settings for the embedded tiny model: those of ``capo-trl demo`` (the ``capo`` preset).
+
+    They are parser defaults, so a recipe or a flag still overrides each of them.
+    """
+    from .compare import PRESETS, Budget
+
+    budget = Budget()
+    return dict(
+        max_steps=60, learning_rate=budget.learning_rate, warmup_steps=budget.warmup_steps,
+        num_generations=budget.num_generations, per_device_train_batch_size=budget.prompts_per_step * budget.num_generations,
+        max_completion_length=budget.max_completion_length, temperature=1.0, gradient_checkpointing=False,
+        logging_steps=5, report_to="none", output_dir="runs/capo-arith-tiny", **PRESETS["capo"],
+    )
+
+
+def _has_accelerator() -> bool:
+    import torch
+
+    if hasattr(torch, "accelerator"):
+        return torch.accelerator.is_available()
+    return torch.cuda.is_available()
+
+
+def _config_file(argv: list[str]) -> dict:
+    """The YAML mapping named by ``--config`` (TrlParser's own form), or {}."""
+    if "--config" not in argv or argv.index("--config") + 1 >= len(argv):
+        return {}
+    path = argv[argv.index("--config") + 1]
+    with open(path) as f:
+        config = yaml.safe_load(f)
+    if not isinstance(config, dict):
+        raise ValueError(f"Recipe {path} must be a YAML mapping of field: value.")
+    return config
+
+
+def _check_known_keys(parser, config: dict, path: str) -> None:
+    """Name every unknown recipe key (TrlParser would only list them as '--key value' pairs)."""
+    known = {action.dest for action in parser._actions} | {"env"}
+    unknown = [key for key in config if key not in known]
+    if unknown:
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise ValueError(f"Recipe {path}: unknown field(s) {', '.join(hints)}. Fields are those of ScriptArguments, "
+                         "CAPOConfig (every GRPOConfig field) and trl.ModelConfig; see `capo-trl train --help`.")
+
+
+def parse_args(argv: list[str] | None = None):
+    """(ScriptArguments, CAPOConfig, ModelConfig) from ``--config RECIPE.yaml`` and flags; loads nothing.
+
+    Precedence: flags > recipe > embedded-default settings (only when no model is named) > CAPOConfig.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = make_parser()
+    config = _config_file(argv)
+    if config:
+        _check_known_keys(parser, config, argv[argv.index("--config") + 1])
+    defaults = {}
+    if not _has_accelerator():
+        # Without use_cpu, `accelerate launch --multi_gpu` on a CPU-only machine starts N processes that each
+        # train alone (transformers sees no distributed type); with it they form one gloo group (MULTI_CPU).
+        # GRPOConfig's bf16=True default refuses to start on a CPU unless use_cpu is set.
+        defaults.update(use_cpu=True, bf16=False)
+    names_model = "model_name_or_path" in config or any(
+        a == "--model_name_or_path" or a.startswith("--model_name_or_path=") for a in argv)
+    if not names_model:
+        defaults.update(embedded_defaults())
+    parser.set_defaults(**defaults)
+    script_args, training_args, model_args = parser.parse_args_and_config(argv)
+    check_args(script_args, training_args, model_args)
+    return script_args, training_args, model_args
+
+
+def check_args(script_args: ScriptArguments, training_args: CAPOConfig, model_args) -> None:
+    """Cross-field checks that need no model, dataset or network (a recipe fails here, not an hour in)."""
+    funcs = [resolve_reward(name) for name in script_args.reward_funcs]
+    weights = training_args.reward_weights
+    if weights is not None and len(weights) != len(funcs):
+        raise ValueError(f"reward_weights has {len(weights)} entries for {len(funcs)} reward_funcs "
+                         f"{script_args.reward_funcs}; give one weight per function.")
+    if (model_args.load_in_4bit or model_args.load_in_8bit) and not model_args.use_peft:
+        raise ValueError("load_in_4bit/load_in_8bit train only adapters: add use_peft: true (LoRA).")
+    if training_args.sync_ref_model and training_args.noise_mask:
+        # TRL syncs its own reference into the policy every ref_model_sync_steps; the mask would then
+        # judge noise with a moving reference, which is not the paper's (initial policy) reference.
+        raise ValueError("sync_ref_model moves the reference model, but CAPO's noise mask needs the initial "
+                         "policy as reference: set noise_mask: false or sync_ref_model: false.")
+    if script_args.max_prompt_length is not None and script_args.max_prompt_length < 1:
+        raise ValueError(f"max_prompt_length must be >= 1, got {script_args.max_prompt_length}.")
+    name = script_args.dataset_name
+    if name is not None and _dataset_kind(name) == "local" and script_args.dataset_train_split is not None:
+        raise ValueError(f"dataset_train_split does not apply to a local file ({name}): give each split its own file.")
+
+
+# ------------------------------------------------------------------------------------------ rewards
+def resolve_reward(spec: str) -> Callable:
+    """A reward function from a short name or a dotted path ('pkg.mod:func' or 'pkg.mod.func')."""
+    target = REWARDS.get(spec) or REWARDS.get(spec.removesuffix("_reward")) or spec
+    if ":" in target:
+        module_name, attr = target.split(":", 1)
+    elif "." in target:
+        module_name, attr = target.rsplit(".", 1)
+    else:
+        raise ValueError(f"Unknown reward function {spec!r}: use one of {sorted(REWARDS)} or a dotted path "
+                         "such as 'my_package.rewards:my_reward'.")
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())  # so a reward module next to the recipe imports without installing it
+    try:
+        func = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"Cannot load reward function {spec!r}: {type(err).__name__}: {err}") from err
+    if not callable(func):
+        raise ValueError(f"Reward function {spec!r} resolves to a {type(func).__name__}, which is not callable.")
+    return func
+
+
+# ------------------------------------------------------------------------------------------ data
+_LOCAL_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")  # what load_benchmark reads
+
+
+def _dataset_kind(name: str) -> str:
+    """'registry', 'local' or 'hub': which of the three loaders a dataset_name goes to."""
+    from . import data
+
+    key = name.strip().lower()
+    if getattr(data, "_ALIASES", {}).get(key, key) in data.BENCHMARKS:
+        return "registry"
+    if Path(name).suffix.lower() in _LOCAL_SUFFIXES:
+        return "local"
+    return "hub"
+
+
+def load_problems(script_args: ScriptArguments, split: str | None, limit: int | None):
+    """The dataset as ``prompt``/``answer``/``id`` rows: registry name, local file or hub id."""
+    from .data import PROMPT_TEMPLATES, load_benchmark
+
+    name = script_args.dataset_name or "arithmetic"
+    kind = _dataset_kind(name)
+    if kind != "hub" and script_args.dataset_config is not None:
+        raise ValueError(f"dataset_config applies to hub dataset ids only, not to {name!r}.")
+    if kind == "registry":
+        arithmetic = name.strip().lower() == "arithmetic"
+        return load_benchmark(name, split=split or ("train" if arithmetic else None), limit=limit,
+                              columns=script_args.columns(), template=script_args.prompt_template)
+    if kind == "local":
+        return load_benchmark(name, split=None, limit=limit, columns=script_args.columns(),
+                              template=script_args.prompt_template)
+    import datasets
+
+    ds = datasets.load_dataset(name, script_args.dataset_config, split=split or "train")
+    mapping = {"problem": "problem", "answer": "answer", **(script_args.columns() or {})}
+    missing = [f"{role}->{col}" for role, col in mapping.items() if role != "id" and col not in ds.column_names]
+    if missing:
+        raise ValueError(f"Dataset {name!r} lacks column(s) {missing} (columns: {ds.column_names}); map them with "
+                         "dataset_columns, e.g. problem=question.")
+    if limit is not None:
+        ds = ds.select(range(min(limit, len(ds))))
+    make_prompt = PROMPT_TEMPLATES[script_args.prompt_template or "qwen_math"]
+    return ds.map(lambda row: {"prompt": make_prompt(str(row[mapping["problem"]])), "answer": row[mapping["answer"]]},
+                  remove_columns=ds.column_names)
+
+
+def drop_long_prompts(ds, tokenizer, max_tokens: int):
+    """Keep rows whose prompt, rendered as TRL renders it, fits in ``max_tokens`` tokens."""
+    def fits(row):
+        prompt = row["prompt"]
+        if isinstance(prompt, list):
+            ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        else:
+            ids = tokenizer(prompt)["input_ids"]
+        return len(ids) <= max_tokens
+
+    return ds.filter(fits)
+
+
+# ------------------------------------------------------------------------------------------ model
+def _kbit_device_map() -> dict | None:
+    """Quantised weights must be placed at load time: each process loads onto its own GPU."""
+    import torch
+    from accelerate import PartialState
+
+    return {"": PartialState().local_process_index} if torch.cuda.is_available() else None
+
+
+def build_trainer(script_args: ScriptArguments, training_args: CAPOConfig, model_args):
+    """CAPOTrainer for parsed arguments: loads the model, the dataset and the reward functions."""
+    from transformers import AutoTokenizer
+    from trl import get_peft_config, get_quantization_config
+
+    from .data import embedded_model_path
+    from .trainer import CAPOTrainer
+
+    model = model_args.model_name_or_path or embedded_model_path()
+    init_kwargs = dict(revision=model_args.model_revision, attn_implementation=model_args.attn_implementation,
+                       dtype=model_args.dtype)
+    quantization_config = get_quantization_config(model_args)
+    if quantization_config is not None:
+        init_kwargs["device_map"] = _kbit_device_map()
+    training_args.model_init_kwargs = {**init_kwargs, **(training_args.model_init_kwargs or {})}
+
+    with training_args.main_process_first(desc="loading the dataset"):
+        train = load_problems(script_args, script_args.dataset_train_split, script_args.dataset_limit)
+        evaluate = None
+        if training_args.eval_strategy != "no" and script_args.dataset_test_split is not None:
+            evaluate = load_problems(script_args, script_args.dataset_test_split, None)
+        if script_args.max_prompt_length is not None:
+            tokenizer = AutoTokenizer.from_pretrained(model, revision=model_args.model_revision,
+                                                      trust_remote_code=training_args.trust_remote_code)
+            before = len(train)
+            train = drop_long_prompts(train, tokenizer, script_args.max_prompt_length)
+            if len(train) < before:
+                print(f"capo-trl train: dropped {before - len(train)} of {before} problems longer than "
+                      f"{script_args.max_prompt_length} prompt tokens", file=sys.stderr)
+    return CAPOTrainer(
+        model=model, reward_funcs=[resolve_reward(n) for n in script_args.reward_funcs], args=training_args,
+        train_dataset=train, eval_dataset=evaluate, peft_config=get_peft_config(model_args),
+        quantization_config=quantization_config,
+    )
+
+
+def _resume_target(value):
+    """HF Trainer resumes from the last checkpoint of output_dir when given True: accept 'true'/'last'."""
+    if isinstance(value, str) and value.strip().lower() in ("true", "last", "latest"):
+        return True
+    return value or None
+
+
+def run(script_args: ScriptArguments, training_args: CAPOConfig, model_args):
+    """Train, then save the final model (the adapter only, under PEFT) to output_dir; returns the trainer."""
+    trainer = build_trainer(script_args, training_args, model_args)
+    trainer.train(resume_from_checkpoint=_resume_target(training_args.resume_from_checkpoint))
+    trainer.save_model(training_args.output_dir)
+    n = trainer.accelerator.num_processes
+    trainer.accelerator.print(f"capo-trl train: {trainer.state.global_step} steps on {n} process{'es' * (n > 1)}, "
+                              f"model saved to {training_args.output_dir}")
+    return trainer
+
+
+def main(argv: list[str] | None = None):
+    """Parse ``argv`` (default: sys.argv) and :func:`run`; returns the trainer (tests inspect it)."""
+    return run(*parse_args(argv))
+
+
+def finish(trainer) -> None:
+    """End trackers and the process group, so `accelerate launch` exits without a NCCL/gloo warning."""
+    import torch
+
+    if hasattr(trainer, "end"):
+        trainer.end()
+    elif torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+__all__ = ["ScriptArguments", "make_parser", "parse_args", "check_args", "resolve_reward", "load_problems",
+           "build_trainer", "run", "main"]
+
+
+if __name__ == "__main__":
+    finish(main())
