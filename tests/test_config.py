@@ -50,3 +50,14 @@ def test_help_metadata_for_every_new_field():
     for f in fields(CAPOConfig):
         if f.name in new:
             assert f.metadata.get("help"), f.name
+
+
+def test_docs_config_table_lists_every_capo_field():
+    from dataclasses import fields
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "config.md").read_text()
+    base = {f.name for f in fields(CAPOConfig.__mro__[1])}
+    for f in fields(CAPOConfig):
+        if f.name not in base:
+            assert f"`{f.name}`" in doc, f"docs/config.md does not document {f.name}"
