@@ -67,8 +67,9 @@ def test_demo_compare_and_calibrate_mask_run_end_to_end(tmp_path, capsys):
     for name in ("report.md", "metrics.csv", "final.csv", "summary.json", "val_curves.png", "precision_coverage.png"):
         assert (out / name).stat().st_size > 0, name
     assert (out / "val_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    summary = json.loads((out / "summary.json").read_text())["summary"]
-    assert set(summary) == {"start (no RL)", "grpo", "capo"}
+    data = json.loads((out / "summary.json").read_text())
+    assert set(data["summary"]) == {"start (no RL)", "grpo", "capo"}
+    assert data["plotted_points"] == 2 * 3 * 3  # 2 methods x 3 panels x validations at steps 0, 1, 2
 
     config = tmp_path / "mask.yaml"
     assert main(["calibrate-mask", "--limit", "8", "--n", "4", "--write-config", str(config)]) == 0

@@ -26,7 +26,15 @@ import torch
 from trl import GRPOConfig
 
 from .advantages import AdvantageInputs, _grouped, grpo_advantages, register_estimator
-from .estimators.verbalized import parse_dcpo_confidence, parse_rlcr
+from .estimators.verbalized import (  # noqa: F401  (re-exported: the verbalised-confidence API)
+    DCPO_INSTRUCTION,
+    RLCR_INSTRUCTION,
+    AnswerTagReward,
+    RLCRReward,
+    parse_dcpo_confidence,
+    parse_rlcr,
+    verbalized_calibration,
+)
 
 DCPO_ERRORS = ("abs", "sq")
 SIMKO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
@@ -237,10 +245,6 @@ class CoDaPOReplay:
 # --------------------------------------------------------------------------------------------
 # estimators (global batch in, advantages + metrics out)
 # --------------------------------------------------------------------------------------------
-def _reward_scale_name(batch: AdvantageInputs) -> str:
-    return batch.scale_rewards if batch.scale_rewards in ("group", "batch", "none") else "group"
-
-
 @register_estimator("dr_grpo")
 def _dr_grpo_estimator(batch: AdvantageInputs):
     """``R - mean(R)``: TRL's advantage with ``scale_rewards="none"``, whatever ``scale_rewards`` says."""
@@ -264,7 +268,7 @@ def _cde_estimator(batch: AdvantageInputs):
     omega_t = cde_omega(batch.step, cfg.cde_omega, cfg.cde_stair_steps, cfg.cde_stairs)
     shaped = cde_rewards(_correct(batch.rewards, cfg.correct_threshold), batch.scores, omega_t, cfg.cde_kappa,
                          cfg.cde_alpha)
-    adv = grpo_advantages(shaped, batch.num_generations, _reward_scale_name(batch))
+    adv = grpo_advantages(shaped, batch.num_generations, batch.scale_rewards)
     bonus = shaped - (2.0 * _correct(batch.rewards, cfg.correct_threshold) - 1.0)
     return adv, {"cde/omega": omega_t, "cde/bonus_mean": torch.nanmean(bonus).item() if bonus.numel() else 0.0}
 
@@ -302,7 +306,7 @@ def _rlcr_estimator(batch: AdvantageInputs):
     cfg = batch.config
     reward = rlcr_rewards(_correct(batch.rewards, cfg.correct_threshold), batch.confidence, batch.format_ok,
                           cfg.rlcr_format_weight, cfg.rlcr_accuracy_weight, cfg.rlcr_brier_weight)
-    adv = grpo_advantages(reward, batch.num_generations, _reward_scale_name(batch))
+    adv = grpo_advantages(reward, batch.num_generations, batch.scale_rewards)
     return adv, {"rlcr/reward_mean": torch.nanmean(reward).item(), **_verbal_metrics("rlcr", batch.confidence,
                                                                                       batch.format_ok)}
 
@@ -315,7 +319,7 @@ def _dcpo_estimator(batch: AdvantageInputs):
     """Reasoning tokens: GRPO advantage of correctness; confidence block: group-normalised ``R_c``."""
     cfg = batch.config
     correct = _correct(batch.rewards, cfg.correct_threshold)
-    scale = _reward_scale_name(batch)
+    scale = batch.scale_rewards
     reasoning = grpo_advantages(correct, batch.num_generations, scale)
     r_c = dcpo_calibration_rewards(correct, batch.confidence, batch.num_generations, cfg.dcpo_lambda, cfg.dcpo_error)
     confidence = grpo_advantages(r_c, batch.num_generations, scale)

@@ -34,6 +34,16 @@ PRESETS: dict[str, dict] = {
                       noise_mask=True, ref_thresholds="auto"),
     "capo-paper": PAPER,
     "grpo-mask": dict(advantage_estimator="grpo", noise_mask=True, ref_thresholds="auto"),
+    # The methods CAPO is compared with (BASELINES.md, docs/baselines.md); compare() already sets beta=0.
+    "gspo": dict(advantage_estimator="grpo", importance_sampling_level="sequence", loss_type="grpo", epsilon=3e-4,
+                 epsilon_high=4e-4),
+    "dr_grpo": dict(advantage_estimator="dr_grpo", loss_type="dr_grpo"),
+    "codapo": dict(advantage_estimator="codapo", codapo_replay=True),
+    "cde": dict(advantage_estimator="cde"),
+    "c2gspg": dict(advantage_estimator="c2gspg"),
+    "simko": dict(advantage_estimator="simko"),
+    "rlcr": dict(advantage_estimator="rlcr"),
+    "dcpo": dict(advantage_estimator="dcpo"),
 }
 
 
@@ -165,9 +175,10 @@ def compare(methods: list[tuple[str, dict]], seeds: int, out: Path, budget: Budg
                 writer.writerow({"method": label, "seed": seed, **values})
     summary = {label: {k: _mean_std([v[k] for v in per_seed]) for k in HEADLINE} for label, per_seed in finals.items()}
     _write_report(out, methods, seeds, budget, summary, time.time() - started)
-    _plot_curves(out, rows, budget)
+    drawn = _plot_curves(out, rows, budget)
     _plot_precision_coverage(out, curves)
-    (out / "summary.json").write_text(json.dumps({"budget": asdict(budget), "summary": summary}, indent=2))
+    (out / "summary.json").write_text(json.dumps({"budget": asdict(budget), "summary": summary,
+                                                  "plotted_points": drawn}, indent=2))
     return summary
 
 
@@ -196,14 +207,16 @@ def _write_report(out, methods, seeds, budget, summary, seconds) -> None:
     (out / "report.md").write_text("\n".join(lines) + "\n")
 
 
-def _plot_curves(out: Path, rows: list[dict], budget: Budget) -> None:
+def _plot_curves(out: Path, rows: list[dict], budget: Budget) -> int:
+    """Validation metrics vs step, mean and min-max over seeds; returns how many points were drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [(f"mean@{budget.val_samples}", "accuracy"), ("auroc", "pooled AUROC"),
-              ("auroc_question", "per-question AUROC")]
+    panels = [(f"val/mean@{budget.val_samples}", "accuracy"), ("val/auroc", "pooled AUROC"),
+              ("val/auroc_question", "per-question AUROC")]
+    drawn = 0
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
     for ax, (metric, title) in zip(axes, panels):
         for method in dict.fromkeys(r["method"] for r in rows):
@@ -211,6 +224,7 @@ def _plot_curves(out: Path, rows: list[dict], budget: Budget) -> None:
             steps = sorted({r["step"] for r in pts})
             by_step = [[r["value"] for r in pts if r["step"] == s] for s in steps]
             mean = [np.nanmean(v) for v in by_step]
+            drawn += len(steps)
             ax.plot(steps, mean, marker="o", label=method)
             ax.fill_between(steps, [np.nanmin(v) for v in by_step], [np.nanmax(v) for v in by_step], alpha=0.2)
         ax.set_title(f"validation {title}")
@@ -220,6 +234,15 @@ def _plot_curves(out: Path, rows: list[dict], budget: Budget) -> None:
     fig.tight_layout()
     fig.savefig(out / "val_curves.png", dpi=120)
     plt.close(fig)
+    return drawn
+
+
+def replot(out: Path, val_samples: int = 4) -> int:
+    """Redraw ``val_curves.png`` from a comparison's ``metrics.csv``."""
+    with open(Path(out) / "metrics.csv") as f:
+        rows = [{**r, "step": int(r["step"]), "value": float(r["value"]) if r["value"] not in ("", "None") else None}
+                for r in csv.DictReader(f)]
+    return _plot_curves(Path(out), rows, Budget(val_samples=val_samples))
 
 
 def _plot_precision_coverage(out: Path, curves: dict) -> None:

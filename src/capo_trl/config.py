@@ -22,6 +22,8 @@ class CAPOConfig(BaselineConfig):
     Parameters:
         advantage_estimator (`str`, defaults to `"capo"`):
             `"capo"`: the pairwise, perplexity-aware advantage. `"grpo"`: TRL's own advantages, untouched.
+            The methods CAPO is compared with (`"dr_grpo"`, `"codapo"`, `"cde"`, `"c2gspg"`, `"simko"`,
+            `"rlcr"`, `"dcpo"`) and their fields are in `capo_trl.baselines` (docs/baselines.md).
         tau (`float`, defaults to `0.6`):
             Temperature of the logistic AUC surrogate, in nats of mean token log-prob. The paper uses
             0.6 (1.5B) / 0.5 (7B). It must match the spread of the scores within a group: much larger

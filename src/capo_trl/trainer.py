@@ -18,7 +18,7 @@ import warnings
 
 import torch
 import trl
-from accelerate.utils import is_peft_model
+from accelerate.utils import gather_object, is_peft_model
 from packaging.version import Version
 from trl import GRPOTrainer
 from trl.models import prepare_deepspeed, prepare_fsdp
@@ -39,8 +39,10 @@ from .advantages import (
     quartile_thresholds,
     within_group_std,
 )
+from .baselines import CoDaPOReplay
 from .calibration import auroc, auroc_per_question
 from .config import CAPOConfig
+from .estimators.verbalized import verbalized_inputs
 from .reference import ReferenceScoreCache, RolloutLogprobRecorder, sequence_keys
 
 TESTED_TRL = "1.16"
@@ -97,6 +99,10 @@ class CAPOTrainer(GRPOTrainer):
         self._warned: set[str] = set()
         self._threshold_samples: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._measured_thresholds: tuple[float, float] | None = None
+        self._loss_inputs = None  # the micro-batch whose loss is being computed, for the token_logps hook
+        self._codapo_replay = CoDaPOReplay(
+            self.num_generations, args.codapo_percentile, args.codapo_repeat, args.codapo_weight_offset,
+            args.correct_threshold) if args.advantage_estimator == "codapo" and args.codapo_replay else None
 
     # ----------------------------------------------------------------------------------- setup
     def _build_reference(self, source) -> torch.nn.Module:
@@ -171,25 +177,49 @@ class CAPOTrainer(GRPOTrainer):
 
         self._metrics[mode]["capo/score_spread"].append(within_group_std(rewards, scores, num_generations).item())
         trl_advantages = out["advantages"]
-        advantages, extra = ESTIMATORS[args.advantage_estimator](AdvantageInputs(
+        estimator = ESTIMATORS[args.advantage_estimator]
+        advantages, extra = estimator(AdvantageInputs(
             rewards=rewards, scores=scores, num_generations=num_generations,
             trl_advantages=self.accelerator.gather(trl_advantages), config=args, step=self.state.global_step,
-            scale_rewards=self.scale_rewards,
+            scale_rewards=self.scale_rewards, **self._verbalized_inputs(estimator, out, loss_mask),
         ))
         for name, value in extra.items():
             self._metrics[mode][name].append(value)
+        per_sample = advantages if advantages.dim() == 1 else advantages[:, 0]  # (N, T): table shows token 0
         if keep is not None:
-            advantages = advantages * keep
+            advantages = advantages * (keep if advantages.dim() == 1 else keep.unsqueeze(1))
+            per_sample = per_sample * keep
             keep_local = keep[local].to(out["completion_mask"].dtype).unsqueeze(1)
             out["completion_mask"] = out["completion_mask"] * keep_local
             loss_mask = loss_mask * keep_local
             out["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         if args.advantage_estimator != "grpo" or keep is not None:
-            out["advantages"] = advantages[local].to(trl_advantages.dtype)
-            self._replace_logged_advantages(advantages)
+            mine = advantages[local] if advantages.dim() == 1 else advantages[local, : out["completion_ids"].size(1)]
+            out["advantages"] = mine.to(trl_advantages.dtype)
+            self._replace_logged_advantages(per_sample)
+        if hasattr(estimator, "sequence_loss") or hasattr(estimator, "token_logps"):
+            out["capo_rewards"] = rewards[local]  # travels with the batch through TRL's shuffle and split
+        if self._codapo_replay is not None and mode == "train":
+            selected = self._codapo_replay.observe(rewards, scores, gather_object(list(inputs)))
+            self._metrics[mode]["codapo/replay_batch"].append(float(self._codapo_replay.replaying))
+            self._metrics[mode]["codapo/selected_questions"].append(float(selected))
 
-        self._log_calibration(mode, rewards, scores, advantages, num_generations, ref_ppl, keep)
+        self._log_calibration(mode, rewards, scores, per_sample, num_generations, ref_ppl, keep)
         return out
+
+    def _verbalized_inputs(self, estimator, out, loss_mask) -> dict:
+        """Stated confidence, format flag and confidence-block token mask, gathered (RLCR, DCPO)."""
+        parse = getattr(estimator, "parse_confidence", None)
+        if parse is None:
+            return {}
+        def decode(ids):  # as TRL decodes the completions the reward functions see
+            return self._tokenizer.decode(ids, skip_special_tokens=True)
+
+        confidence, format_ok, span = verbalized_inputs(parse, out["completion_ids"], loss_mask, decode)
+        span = self.accelerator.pad_across_processes(span.float(), dim=1)  # widths differ across processes
+        gather = self.accelerator.gather
+        return {"confidence": gather(confidence), "format_ok": gather(format_ok.float()) > 0.5,
+                "confidence_mask": gather(span) > 0.5}
 
     def _mask_thresholds(self, rewards, ref_ppl, mode) -> tuple[float, float] | None:
         """(ref_high, ref_low): as configured, or measured by the quartile rule on the first batches."""
@@ -209,6 +239,74 @@ class CAPOTrainer(GRPOTrainer):
         self._metrics[mode]["capo/ref_high"].append(high)
         self._metrics[mode]["capo/ref_low"].append(low)
         return self._measured_thresholds
+
+    # ----------------------------------------------------------------------------------- method hooks
+    def _prepare_inputs(self, generation_batch):
+        """CoDaPO replay: swap in the planned replay batch when TRL is about to generate."""
+        replay = self._codapo_replay
+        if replay is not None and self.model.training:
+            generate_every = self.args.steps_per_generation * self.num_iterations
+            if self._step % generate_every == 0 or self._buffered_inputs is None:  # TRL's own rule
+                generation_batch = replay.next_batch(generation_batch, self.accelerator.process_index)
+        return super()._prepare_inputs(generation_batch)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """Loss-changing methods hook in here; every other estimator runs TRL's loss untouched."""
+        estimator = ESTIMATORS[self.args.advantage_estimator]
+        if hasattr(estimator, "sequence_loss") and not return_outputs:
+            return self._sequence_loss(model, inputs, estimator.sequence_loss)
+        if not hasattr(estimator, "token_logps"):
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        self._loss_inputs = inputs  # read by _get_per_token_logps_and_entropies inside TRL's loss
+        try:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        finally:
+            self._loss_inputs = None
+
+    def _sequence_loss(self, model, inputs, loss_fn) -> torch.Tensor:
+        """A sequence-level loss (C2GSPG) of the current mean token log-probs, through TRL's forward."""
+        mask = inputs["completion_mask"] * inputs.get("tool_mask", 1)
+        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        extra = {k: inputs[k] for k in _FORWARD_KEYS if k in inputs}
+        logps, _, _ = self._get_per_token_logps_and_entropies(model, input_ids, attention_mask,
+                                                              inputs["completion_ids"].size(1), **extra)
+        loss, metrics = loss_fn(mean_token_logprob(logps, mask), inputs["advantages"], inputs["capo_rewards"],
+                                self.args)
+        mode = "train" if self.model.training else "eval"
+        self._log_local(mode, metrics, loss.device)
+        return loss / (self.current_gradient_accumulation_steps if mode == "train" else 1.0)
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, compute_aux_loss=False, **multimodal):
+        """TRL's fused log-probs, except inside a ``token_logps`` method's loss (SimKO): there, one plain
+        forward gives the full logits and the method's hook returns log-probs with its own gradient."""
+        inputs = self._loss_inputs
+        if inputs is None:
+            return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
+                                                              batch_size, compute_entropy, compute_aux_loss,
+                                                              **multimodal)
+        if compute_aux_loss or any(v is not None for v in multimodal.values()):
+            raise NotImplementedError(f"advantage_estimator={self.args.advantage_estimator!r} needs full logits and "
+                                      "supports text-only models without a router aux loss.")
+        with self.accelerator.autocast():
+            logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                           logits_to_keep=logits_to_keep + 1).logits
+        advantages = inputs["advantages"]
+        negative = (advantages if advantages.dim() == 1 else advantages.sum(1)) < 0
+        correct = inputs["capo_rewards"] >= self.args.correct_threshold
+        hook = ESTIMATORS[self.args.advantage_estimator].token_logps
+        logps, entropy, stats = hook(logits[:, :-1] / self.temperature, input_ids[:, -logits_to_keep:],
+                                     inputs["completion_mask"] * inputs.get("tool_mask", 1), correct, negative,
+                                     self.args)
+        self._log_local("train" if self.model.training else "eval", stats, logps.device)
+        return logps, entropy if compute_entropy else None, None
+
+    def _log_local(self, mode, metrics: dict[str, float], device) -> None:
+        """Average per-process metrics over processes, then log them."""
+        for name, value in metrics.items():
+            value = self.accelerator.gather(torch.tensor([value], device=device)).mean().item()
+            self._metrics[mode][name].append(value)
 
     # ----------------------------------------------------------------------------------- inputs
     def _total_rewards(self) -> torch.Tensor:
