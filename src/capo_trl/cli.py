@@ -104,7 +104,7 @@ def add_demo_parser(subparsers) -> None:
         description="Trains the `capo` preset on the embedded arithmetic task with the embedded tiny model, then "
                     "prints accuracy, pooled and per-question AUROC and ECE on the test split before and after.",
     )
-    _add_budget_args(p, steps=60, test_problems=256)
+    _add_budget_args(p, steps=200, test_problems=256)
     p.add_argument("--method", default="capo", help="method preset (see `capo-trl compare --help`)")
     p.set_defaults(func=run_demo)
 
@@ -212,14 +212,14 @@ def add_train_parser(subparsers) -> None:
 
 
 def run_train(args) -> int:
-    from .train import finish, parse_args, run
+    from .train import parse_args, run_and_end
 
     try:
         parsed = parse_args(args.train_args)  # a bad recipe or flag is a clean error, not a traceback
     except ValueError as err:
         print(f"capo-trl train: {err}", file=sys.stderr)
         return 2
-    finish(run(*parsed))
+    run_and_end(*parsed)
     return 0
 
 

@@ -271,7 +271,7 @@ def demo(budget: Budget | None = None, method: str = "capo") -> dict:
     """Before/after accuracy and calibration of one method on the embedded default (CPU, minutes)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    budget = budget or Budget(steps=60, val_every=30, val_problems=32, test_problems=256, test_samples=8)
+    budget = budget or Budget(steps=200, val_every=100, val_problems=32, test_problems=256, test_samples=8)
     model_path = budget.model or embedded_model_path()
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     before = _evaluate_test(AutoModelForCausalLM.from_pretrained(model_path), tokenizer, budget, seed=0)
