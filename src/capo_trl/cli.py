@@ -229,6 +229,7 @@ SUBCOMMANDS = [add_eval_parser, add_demo_parser, add_compare_parser, add_calibra
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``capo-trl`` parser with every subcommand of :data:`SUBCOMMANDS` (also used to test the CLI)."""
     from . import __version__
 
     parser = argparse.ArgumentParser(prog="capo-trl", description="Calibration-Aware Policy Optimization for TRL.")
@@ -240,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``capo-trl`` command; returns the exit status (callable from Python and tests)."""
     args = build_parser().parse_args(argv)
     return args.func(args)
 

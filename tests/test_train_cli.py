@@ -1,0 +1,341 @@
+"""`capo-trl train`: argument handling, data and reward resolution, CPU training runs (one and two
+processes, checkpoint + resume, LoRA), the reference-score cache, and GPU / vLLM runs that skip here."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from datasets import Dataset
+
+from capo_trl import cli
+from capo_trl import train as capo_train
+from capo_trl.reference import ReferenceScoreCache
+
+HERE = Path(__file__).resolve().parent
+
+
+def coin_reward(completions, **kwargs):
+    """A deterministic fair coin per completion: groups get both classes, so advantages are non-zero."""
+    return [float(hashlib.sha256(str(c).encode()).digest()[0] & 1) for c in completions]
+
+
+def run_group(cmd, env, timeout) -> str:
+    """Run a launcher in its own process group; on timeout kill the group, so no rank outlives the test."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"timed out after {timeout} s:\n{stderr[-4000:]}")
+    assert proc.returncode == 0, stderr[-4000:]
+    return stdout
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def problems_file(tmp_path) -> str:
+    path = tmp_path / "problems.jsonl"
+    path.write_text("".join(json.dumps({"problem": f"what is {i % 10}?", "answer": str(i % 10)}) + "\n"
+                            for i in range(16)))
+    return str(path)
+
+
+def job(model_dir, data, out, *extra) -> list[str]:
+    """A short CPU job: 2 prompts x 4 completions of 6 tokens per step, the noise mask on and wide open."""
+    return ["--model_name_or_path", model_dir, "--dataset_name", data, "--prompt_template", "raw",
+            "--reward_funcs", "test_train_cli:coin_reward", "--per_device_train_batch_size", "4",
+            "--num_generations", "4", "--max_completion_length", "6", "--learning_rate", "1e-2",
+            "--ref_high", "1e6", "--ref_low", "1.0", "--gradient_checkpointing", "false", "--report_to", "none",
+            "--logging_steps", "1", "--disable_tqdm", "true", "--seed", "3", "--output_dir", str(out), *extra]
+
+
+# ------------------------------------------------------------------------------------------ parsing
+def test_help_and_dispatch(capsys):
+    assert "train" in cli.build_parser().format_help()
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["train", "--help"])  # TrlParser's help, not the dispatcher's
+    out = capsys.readouterr().out
+    assert exc.value.code == 0
+    for flag in ("--config", "--tau", "--ref_high", "--lora_r", "--load_in_4bit", "--dataset_name", "--reward_funcs",
+                 "--reward_weights", "--use_vllm", "--vllm_mode"):
+        assert flag in out, flag
+
+
+def test_embedded_default_settings_and_precedence(tmp_path):
+    script, args, model = capo_train.parse_args([])
+    assert model.model_name_or_path is None and script.dataset_name is None
+    assert script.reward_funcs == ["math_accuracy"]
+    assert (args.max_steps, args.num_generations, args.per_device_train_batch_size) == (200, 8, 64)
+    assert script.dataset_limit == 4000
+    assert (args.tau_mode, args.advantage_scale, args.noise_mask, args.bf16) == ("relative", "bounded", False, False)
+    # a flag beats a recipe, which beats the embedded defaults
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({"tau_mode": "absolute", "max_steps": 7}))
+    _, args, _ = capo_train.parse_args(["--config", str(recipe), "--max_steps", "3"])
+    assert (args.tau_mode, args.max_steps, args.advantage_scale) == ("absolute", 3, "bounded")
+    assert capo_train._resume_target("last") is True
+    assert capo_train._resume_target("ckpt/checkpoint-3") == "ckpt/checkpoint-3"
+    assert capo_train._resume_target(None) is None
+    # naming a model drops the embedded defaults: CAPOConfig's own apply
+    _, args, _ = capo_train.parse_args(["--model_name_or_path", "some/model"])
+    assert (args.tau_mode, args.max_steps, args.noise_mask) == ("absolute", -1, True)
+
+
+def test_bad_arguments_fail_cleanly_naming_the_problem(tmp_path, capsys):
+    cases = [
+        (["--reward_funcs", "no_such_reward"], "Unknown reward function 'no_such_reward'"),
+        (["--reward_funcs", "capo_trl.nowhere:f"], "Cannot load reward function 'capo_trl.nowhere:f'"),
+        (["--reward_funcs", "capo_trl.train:REWARDS"], "not callable"),
+        (["--reward_funcs", "math_accuracy", "boxed_format", "--reward_weights", "1.0"], "reward_weights has 1"),
+        (["--model_name_or_path", "m", "--load_in_4bit", "true"], "use_peft"),
+        (["--model_name_or_path", "m", "--beta", "0.1", "--sync_ref_model", "true"], "sync_ref_model"),
+        (["--dataset_name", "x.jsonl", "--dataset_train_split", "train"], "does not apply to a local file"),
+        (["--dataset_columns", "question"], "ROLE=NAME"),
+        (["--dataset_columns", "prompt=question"], "unknown role 'prompt'"),
+        (["--tua", "0.5"], "--tua"),
+    ]
+    for argv, message in cases:
+        assert cli.main(["train", *argv]) == 2, argv
+        assert message in capsys.readouterr().err, argv
+
+
+def test_reward_functions_by_name_and_dotted_path():
+    from capo_trl.rewards import boxed_format_reward, math_accuracy_reward
+
+    assert capo_train.resolve_reward("math_accuracy") is math_accuracy_reward
+    assert capo_train.resolve_reward("math_accuracy_reward") is math_accuracy_reward
+    assert capo_train.resolve_reward("boxed_format") is boxed_format_reward
+    assert capo_train.resolve_reward("capo_trl.rewards:boxed_format_reward") is boxed_format_reward
+    assert capo_train.resolve_reward("capo_trl.rewards.boxed_format_reward") is boxed_format_reward
+
+
+# ------------------------------------------------------------------------------------------ data
+def test_datasets_local_registry_and_hub(tmp_path, monkeypatch):
+    local = tmp_path / "q.jsonl"
+    rows = [{"question": "1+1?", "final": "2"}, {"question": "2+2?", "final": 4}]
+    local.write_text("\n".join(json.dumps(row) for row in rows))
+    script, _, _ = capo_train.parse_args(["--dataset_name", str(local), "--prompt_template", "plain",
+                                          "--dataset_columns", "problem=question", "answer=final"])
+    ds = capo_train.load_problems(script, None, None)
+    assert ds["answer"] == ["2", "4"] and ds["prompt"][0].startswith("1+1?\n")
+
+    script.dataset_columns = {"problem": "question", "answer": "final"}  # the YAML mapping form
+    script.__post_init__()
+    assert script.columns() == {"problem": "question", "answer": "final"}
+
+    script, _, _ = capo_train.parse_args(["--dataset_name", "arithmetic", "--dataset_limit", "5"])
+    ds = capo_train.load_problems(script, None, script.dataset_limit)
+    assert len(ds) == 5 and ds["prompt"][0].startswith("Compute ")  # train split, raw template
+
+    calls = {}
+
+    def fake_load_dataset(name, config=None, split=None, **kwargs):
+        calls.update(name=name, config=config, split=split)
+        return Dataset.from_list([{"question": "3+3?", "solution": "6", "extra": 1}])
+
+    import datasets
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    script, _, _ = capo_train.parse_args(["--dataset_name", "someone/math", "--dataset_config", "main",
+                                          "--dataset_columns", "problem=question", "answer=solution"])
+    ds = capo_train.load_problems(script, None, None)
+    assert calls == {"name": "someone/math", "config": "main", "split": "train"}
+    assert ds.column_names == ["prompt", "answer"] and ds[0]["answer"] == "6"
+    assert ds[0]["prompt"][-1] == {"role": "user", "content": "3+3?"}  # qwen_math: conversational
+
+
+def test_max_prompt_length_drops_long_prompts(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    ds = Dataset.from_dict({"prompt": ["ab", "a" * 50, "abc"], "answer": ["1", "2", "3"]})
+    assert capo_train.drop_long_prompts(ds, tokenizer, 10)["answer"] == ["1", "3"]
+    chat = Dataset.from_list([{"prompt": [{"role": "user", "content": "hi"}], "answer": "1"}])
+    assert len(capo_train.drop_long_prompts(chat, tokenizer, 5)) == 0  # the chat template's tokens count
+    assert len(capo_train.drop_long_prompts(chat, tokenizer, 50)) == 1
+
+
+# ------------------------------------------------------------------------------------------ reference cache
+def test_reference_cache_is_a_bounded_lru_and_clears():
+    cache = ReferenceScoreCache(3)
+    for key, value in ((b"a", -1.0), (b"b", -2.0), (b"c", -3.0)):
+        cache.put(key, value)
+    assert cache.get(b"a") == -1.0  # a is now the most recent
+    cache.put(b"d", -4.0)  # evicts b, the least recently used
+    assert len(cache) == 3 and cache.get(b"b") is None and cache.get(b"c") == -3.0
+    cache.put(b"e", -5.0)  # evicts a (c and d were used / inserted after it)
+    assert cache.get(b"a") is None and len(cache) == 3
+    cache.clear()
+    assert len(cache) == 0 and cache.get(b"d") is None
+    disabled = ReferenceScoreCache(0)
+    disabled.put(b"a", -1.0)
+    assert len(disabled) == 0
+    with pytest.raises(ValueError):
+        ReferenceScoreCache(-1)
+
+
+# ------------------------------------------------------------------------------------------ training on CPU
+def test_train_saves_checkpoints_that_load_and_resume(tiny_model_dir, problems_file, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "out"
+    assert cli.main(["train", *job(tiny_model_dir, problems_file, out, "--max_steps", "2", "--save_steps", "1",
+                                   "--ref_cache_size", "4")]) == 0
+    assert "2 steps on 1 process" in capsys.readouterr().out
+    for path in (out / "checkpoint-2", out):
+        assert AutoModelForCausalLM.from_pretrained(path).config.hidden_size == 32
+
+    resumed = capo_train.main(job(tiny_model_dir, problems_file, out, "--max_steps", "2", "--save_steps", "1",
+                                  "--ref_cache_size", "4", "--resume_from_checkpoint", str(out / "checkpoint-1")))
+    assert resumed.state.global_step == 2
+    assert [row["step"] for row in resumed.state.log_history if "loss" in row] == [1, 2]  # step 1 restored, 2 trained
+    # the reference-score cache respected its bound while the mask ran on every step
+    assert len(resumed._ref_cache) <= 4 and resumed._ref_cache.lookups > 0
+    assert any("capo/ref_cache_hit_rate" in row for row in resumed.state.log_history)
+
+
+def test_lora_trains_only_the_adapter_with_the_base_as_reference(tiny_model_dir, problems_file, tmp_path,
+                                                                  monkeypatch):
+    from accelerate.utils import is_peft_model
+    from safetensors.torch import load_file
+
+    from capo_trl.trainer import CAPOTrainer
+
+    built = []
+    monkeypatch.setattr(CAPOTrainer, "_build_reference", lambda self, source: built.append(source))
+    out = tmp_path / "lora"
+    trainer = capo_train.main(job(tiny_model_dir, problems_file, out, "--max_steps", "2", "--save_strategy", "no",
+                                  "--use_peft", "true", "--lora_r", "4", "--lora_alpha", "8", "--lora_dropout", "0",
+                                  "--lora_target_modules", "q_proj", "v_proj"))
+    assert is_peft_model(trainer.model) and trainer.args.noise_mask
+    assert trainer._capo_ref_model is None and trainer.ref_model is None and built == []  # no second copy
+    assert any("capo/ref_ppl_mean" in row for row in trainer.state.log_history)  # the mask scored the base model
+    trainable = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    base = load_file(Path(tiny_model_dir) / "model.safetensors")
+    state = {n.replace("base_model.model.", "").replace(".base_layer", ""): p.detach()
+             for n, p in trainer.model.named_parameters() if "lora_" not in n}
+    assert set(base) <= set(state) and all(torch.equal(state[n].cpu(), base[n]) for n in base)  # base untouched
+    assert any(p.abs().sum() > 0 for n, p in trainer.model.named_parameters() if "lora_B" in n)  # B starts at 0
+    assert (out / "adapter_config.json").is_file()
+
+
+def test_embedded_default_trains(tiny_model_dir, tmp_path, monkeypatch):
+    """`capo-trl train` with no model: the embedded model (else the tiny test model), arithmetic, math reward."""
+    from capo_trl import data
+
+    try:
+        data.embedded_model_path()
+    except FileNotFoundError:
+        monkeypatch.setattr(data, "embedded_model_path", lambda: tiny_model_dir)
+    trainer = capo_train.main(["--max_steps", "1", "--per_device_train_batch_size", "8",
+                               "--max_completion_length", "8", "--dataset_limit", "16", "--save_strategy", "no",
+                               "--disable_tqdm", "true", "--output_dir", str(tmp_path / "out")])
+    assert trainer.state.global_step == 1 and trainer.args.tau_mode == "relative"
+    assert trainer.train_dataset[0]["prompt"].startswith("Compute ")
+    assert trainer.reward_func_names == ["math_accuracy_reward"]
+
+
+@pytest.mark.slow
+def test_two_processes_train_checkpoint_and_resume(tiny_model_dir, problems_file, tmp_path):
+    """`accelerate launch --multi_gpu` on a CPU-only machine: 2 gloo processes (with --cpu it would be ONE)."""
+    from transformers import AutoModelForCausalLM
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    out = tmp_path / "out"
+
+    def launch(*extra):
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+               "--main_process_port", str(free_port()), "--num_machines", "1", "--mixed_precision", "no",
+               "--dynamo_backend", "no", "-m", "capo_trl.cli", "train",
+               *job(tiny_model_dir, problems_file, out, "--max_steps", "2", "--save_steps", "1", *extra)]
+        return run_group(cmd, env, timeout=150)
+
+    first = launch()
+    assert first.count("2 steps on 2 processes") == 1  # one group of two, printed by the main process only
+    assert first.count("'loss':") == 2
+    assert AutoModelForCausalLM.from_pretrained(out / "checkpoint-2").config.num_hidden_layers == 2
+    assert json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())["global_step"] == 2
+    resumed = launch("--resume_from_checkpoint", str(out / "checkpoint-1"))
+    assert "2 steps on 2 processes" in resumed and resumed.count("'loss':") == 1  # only step 2 was trained again
+
+
+def test_gpu_check_script_cpu_smoke(tmp_path):
+    """scripts/gpu_check.sh cannot run here; its CPU smoke mode runs every piece once with a tiny model."""
+    env = {**os.environ, "PYTHON": sys.executable, "GPU_CHECK_OUT": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    stdout = run_group(["bash", str(HERE.parent / "scripts" / "gpu_check.sh"), "--cpu-smoke"], env, timeout=120)
+    assert "CAPO/GRPO step time" in stdout
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert report["mode"] == "cpu-smoke" and report["capo_over_grpo_step_time"] > 0
+    capo, grpo = report["results"]["capo"], report["results"]["grpo"]
+    assert capo["has_reference_copy"] and capo["ref_ppl_logged"] and not grpo["has_reference_copy"]
+    assert capo["final_step"] == grpo["final_step"] == 1 and capo["tokens_per_s"] > 0
+    if not torch.cuda.is_available():  # without --cpu-smoke it refuses to "measure" a CPU
+        proc = subprocess.run(["bash", str(HERE.parent / "scripts" / "gpu_check.sh")], env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode != 0 and "no CUDA device" in proc.stderr
+
+
+# ------------------------------------------------------------------------------------------ GPU / vLLM (skip here)
+def _vllm_model(tmp_path) -> str:
+    """A small Qwen2 vLLM can serve (head dim 64), saved with the tests' character tokenizer."""
+    from tiny import build_tokenizer
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = build_tokenizer()
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, pad_token_id=0,
+                         eos_token_id=1, bos_token_id=1, tie_word_embeddings=True)
+    Qwen2ForCausalLM(config).save_pretrained(tmp_path / "m")
+    tokenizer.save_pretrained(tmp_path / "m")
+    return str(tmp_path / "m")
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_train_on_gpu_in_bf16(tiny_model_dir, problems_file, tmp_path):
+    trainer = capo_train.main(job(tiny_model_dir, problems_file, tmp_path / "out", "--max_steps", "2",
+                                  "--save_strategy", "no", "--bf16", "true", "--use_cpu", "false"))
+    assert trainer.state.global_step == 2 and next(trainer.model.parameters()).is_cuda
+    assert trainer._capo_ref_model is not None and any("capo/ref_ppl_mean" in r for r in trainer.state.log_history)
+
+
+@pytest.mark.gpu
+@pytest.mark.vllm
+@needs_cuda
+@pytest.mark.parametrize("correction", ["true", "false"])
+def test_vllm_colocate(problems_file, tmp_path, correction):
+    """Scores come from TRL's old_per_token_logps (correction on) or CAPO's own forward (correction off)."""
+    pytest.importorskip("vllm", reason="needs vLLM (pip install 'capo-trl[vllm]')")
+    model = _vllm_model(tmp_path)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+           "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "capo_trl.cli", "train",
+           *job(model, problems_file, tmp_path / "out", "--max_steps", "2", "--save_strategy", "no", "--bf16", "true",
+                "--use_cpu", "false", "--use_vllm", "true", "--vllm_mode", "colocate",
+                "--vllm_gpu_memory_utilization", "0.2", "--vllm_max_model_length", "512",
+                "--vllm_importance_sampling_correction", correction)]
+    stdout = run_group(cmd, env, timeout=600)
+    assert "2 steps on 1 process" in stdout and "capo/auroc" in stdout
