@@ -61,3 +61,9 @@ def test_docs_config_table_lists_every_capo_field():
     for f in fields(CAPOConfig):
         if f.name not in base:
             assert f"`{f.name}`" in doc, f"docs/config.md does not document {f.name}"
+
+
+def test_noise_mask_refuses_a_moving_reference():
+    with pytest.raises(ValueError, match="sync_ref_model"):
+        CAPOConfig(sync_ref_model=True, beta=0.1, **BASE)
+    assert CAPOConfig(sync_ref_model=True, beta=0.1, noise_mask=False, **BASE).sync_ref_model

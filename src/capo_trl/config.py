@@ -166,5 +166,11 @@ class CAPOConfig(BaselineConfig):
             raise bad("correct_threshold", "it must be a finite number")
         if self.noise_mask not in (None, True, False):
             raise bad("noise_mask", "use true, false, or leave it unset")
+        mask_on = self.noise_mask if self.noise_mask is not None else self.advantage_estimator == "capo"
+        if mask_on and getattr(self, "sync_ref_model", False):
+            raise ValueError(
+                "CAPOConfig.sync_ref_model=True moves the reference model during training, but the noise mask "
+                "judges completions against the *initial* policy. Set sync_ref_model=False, or noise_mask=False."
+            )
         if not isinstance(self.ref_cache_size, int) or isinstance(self.ref_cache_size, bool) or self.ref_cache_size < 0:
             raise bad("ref_cache_size", "it must be an integer >= 0 (0 disables the cache)")

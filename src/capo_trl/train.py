@@ -213,11 +213,6 @@ def check_args(script_args: ScriptArguments, training_args: CAPOConfig, model_ar
                          f"{script_args.reward_funcs}; give one weight per function.")
     if (model_args.load_in_4bit or model_args.load_in_8bit) and not model_args.use_peft:
         raise ValueError("load_in_4bit/load_in_8bit train only adapters: add use_peft: true (LoRA).")
-    if training_args.sync_ref_model and training_args.noise_mask:
-        # TRL syncs its own reference into the policy every ref_model_sync_steps; the mask would then
-        # judge noise with a moving reference, which is not the paper's (initial policy) reference.
-        raise ValueError("sync_ref_model moves the reference model, but CAPO's noise mask needs the initial "
-                         "policy as reference: set noise_mask: false or sync_ref_model: false.")
     if script_args.max_prompt_length is not None and script_args.max_prompt_length < 1:
         raise ValueError(f"max_prompt_length must be >= 1, got {script_args.max_prompt_length}.")
     name = script_args.dataset_name
