@@ -2,7 +2,7 @@
 
 Everything here works on the *global* batch laid out as contiguous prompt groups of
 ``num_generations`` completions (TRL's layout), is vectorised over groups, and has no trainer,
-no I/O and no state. The CAPO formulas of ``CAPO.md`` live in :func:`capo_advantages`.
+no I/O and no state. The CAPO formulas (``docs/concepts.md``) live in :func:`capo_advantages`.
 
 Conventions shared by every function:
 

@@ -1,4 +1,4 @@
-"""The methods CAPO is compared with, as estimators in the same registry (``BASELINES.md``).
+"""The methods CAPO is compared with, as estimators in the same registry (``docs/baselines.md``).
 
 Every method is an ``advantage_estimator`` name, so a comparison changes one config field and the
 rest of the pipeline (sampling, TRL's PPO loss, the ``capo/*`` calibration metrics) is shared:

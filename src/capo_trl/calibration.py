@@ -1,7 +1,7 @@
 """Calibration metrics: does the model's confidence rank and match its correctness?
 
 Pure functions. Inputs are lists, numpy arrays or (CPU) torch tensors; outputs are floats,
-tuples or small arrays. Definitions follow ``EVALUATION.md`` exactly. Confidence is usually the
+tuples or small arrays. Definitions follow ``docs/evaluation.md`` exactly. Confidence is usually the
 mean token log-prob ``s`` of a completion: any monotone transform ranks the same, so AUROC and
 AURC accept it as is, while ECE and Brier need a probability in [0, 1] (use ``exp(s)``).
 
@@ -277,7 +277,7 @@ def ece(confidence_prob: Any, correct: Any, n_bins: int = 10, strategy: str = "u
     """Expected calibration error ``sum_b (n_b/n) |acc_b - conf_b|``; NaN with no samples.
 
     Why our own binning: scikit-learn's ``calibration_curve`` closes bins on the other edge, and
-    EVALUATION.md fixes ``bin = min(floor(p*B), B-1)`` so numbers match across the project.
+    docs/evaluation.md fixes ``bin = min(floor(p*B), B-1)`` so numbers match across the project.
     """
     bins = reliability_bins(confidence_prob, correct, n_bins, strategy)
     n = bins.count.sum()

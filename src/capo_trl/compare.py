@@ -34,7 +34,7 @@ PRESETS: dict[str, dict] = {
                       noise_mask=True, ref_thresholds="auto"),
     "capo-paper": PAPER,
     "grpo-mask": dict(advantage_estimator="grpo", noise_mask=True, ref_thresholds="auto"),
-    # The methods CAPO is compared with (BASELINES.md, docs/baselines.md); compare() already sets beta=0.
+    # The methods CAPO is compared with (docs/baselines.md); compare() already sets beta=0.
     "gspo": dict(advantage_estimator="grpo", importance_sampling_level="sequence", loss_type="grpo", epsilon=3e-4,
                  epsilon_high=4e-4),
     "dr_grpo": dict(advantage_estimator="dr_grpo", loss_type="dr_grpo"),
@@ -325,6 +325,7 @@ def _quartiles(x: torch.Tensor) -> list[float] | None:
 
 
 def with_budget(budget: Budget, **changes) -> Budget:
+    """A copy of ``budget`` with the changes that are not None (unset command-line options keep the default)."""
     return replace(budget, **{k: v for k, v in changes.items() if v is not None})
 
 

@@ -3,7 +3,7 @@
 The confidence of a completion is its mean token log-prob ``s`` under the sampling temperature,
 recorded while ``generate`` samples by the same :class:`~capo_trl.reference.RolloutLogprobRecorder`
 the trainer uses, so a score here means exactly what it means in training. AUROC and AURC rank
-``s`` directly; ECE and Brier use ``exp(s)`` (EVALUATION.md).
+``s`` directly; ECE and Brier use ``exp(s)`` (docs/evaluation.md).
 """
 
 from __future__ import annotations

@@ -114,6 +114,7 @@ class ReferenceScoreCache:
         return len(self._data)
 
     def get(self, key: bytes) -> float | None:
+        """The cached score, or None (counted as a lookup, so the hit rate can be logged)."""
         self.lookups += 1
         value = self._data.get(key)
         if value is not None:
@@ -122,6 +123,7 @@ class ReferenceScoreCache:
         return value
 
     def put(self, key: bytes, value: float) -> None:
+        """Store a score, evicting the least recently used entries beyond ``max_size``."""
         if self.max_size == 0:
             return
         self._data[key] = value
@@ -130,4 +132,5 @@ class ReferenceScoreCache:
             self._data.popitem(last=False)
 
     def clear(self) -> None:
+        """Forget every score: required whenever the reference model changes."""
         self._data.clear()

@@ -42,7 +42,7 @@ _MAX_LOGGED = 200  # extracted strings logged to TRL's table are cut to this man
 # text normalisation: pure string work, linear regexes, safe to run anywhere
 # --------------------------------------------------------------------------------------------
 
-# ``4.5e33`` -> ``4.5\times10^{33}``: math-verify reads ``e`` as Euler's number (REWARD.md, trap 2).
+# ``4.5e33`` -> ``4.5\times10^{33}``: math-verify reads ``e`` as Euler's number (docs/reward.md).
 _SCI = re.compile(r"(?<![\w.\\])(\d+(?:\.\d+)?)[eE]([+-]?\d{1,4})(?![\w.])")
 # ``\frac12``, ``\frac1{2}``, ``\sqrt3``: valid TeX that latex2sympy cannot parse unbraced.
 _BARE_ARG = re.compile(r"\\(dfrac|tfrac|frac|sqrt)(?:\s*(\d)|\s+([A-Za-z]))")

@@ -1,6 +1,6 @@
 """Inference-time scaling: pick one answer from N sampled completions of a problem.
 
-Selectors (all as in ``EVALUATION.md``): majority vote (self-consistency), perplexity
+Selectors (all as in ``docs/evaluation.md``): majority vote (self-consistency), perplexity
 consistency (PC), reasoning-pruned PC (RPC) and best-of-N by confidence. They share one rule
 set, so their numbers are comparable:
 

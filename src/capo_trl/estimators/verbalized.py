@@ -1,7 +1,7 @@
 """Verbalised confidence (RLCR, DCPO): parsing, token spans, reward functions, evaluation.
 
 Pure string/list work plus two TRL reward functions built on :class:`~capo_trl.rewards.MathReward`.
-Formats (``BASELINES.md``):
+Formats (``docs/baselines.md``):
 
 * RLCR: ``<think>..</think><answer>..</answer><analysis>..</analysis><confidence>q</confidence>``,
   ``q`` in [0, 1], the last ``<confidence>`` tag wins; any deviation is a format failure.
