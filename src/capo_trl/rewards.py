@@ -562,20 +562,10 @@ def boxed_format_reward(completions, **kwargs) -> list[float]:
     for c in completions:
         text = _as_text(c)
         ok = False
-        m = None
-        for m in _BOX.finditer(text):
-            pass
-        if m is not None:
-            depth, end = 1, None
-            for i in range(m.end(), len(text)):
-                if text[i] == "{":
-                    depth += 1
-                elif text[i] == "}":
-                    depth -= 1
-                    if depth == 0:
-                        end = i
-                        break
-            if end is not None and text[m.end() : end].strip():
-                ok = _TAIL.fullmatch(text, end + 1) is not None
+        spans = _box_spans(text)
+        if spans:
+            start, end = spans[-1]
+            body = text[text.index("{", start) + 1 : end]
+            ok = bool(body.strip()) and _TAIL.fullmatch(text, end + 1) is not None
         out.append(1.0 if ok else 0.0)
     return out
