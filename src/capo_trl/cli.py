@@ -126,7 +126,8 @@ def add_compare_parser(subparsers) -> None:
                     "summary.json, val_curves.png and precision_coverage.png.",
     )
     p.add_argument("--methods", default="grpo,capo", help="comma-separated, e.g. grpo,capo,capo:tau=0.5")
-    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--seeds", type=int, default=3, help="number of seeds per method")
+    p.add_argument("--first-seed", type=int, default=0, help="seeds are first-seed .. first-seed + seeds - 1")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--val-every", type=int, default=25, help="validation every N steps")
     p.add_argument("--val-problems", type=int, default=64)
@@ -146,7 +147,7 @@ def run_compare(args) -> int:
         return 2
     budget = _budget(args, val_every=args.val_every, val_problems=args.val_problems, val_samples=args.val_samples,
                      learning_rate=args.learning_rate)
-    summary = compare(methods, args.seeds, args.out, budget)
+    summary = compare(methods, args.seeds, args.out, budget, first_seed=args.first_seed)
     print((Path(args.out) / "report.md").read_text())
     return 0 if summary else 1
 

@@ -137,8 +137,8 @@ def _headline(metrics: dict, n: int) -> dict:
             "auroc_question": metrics.get("auroc_question"), "ece": metrics.get("ece")}
 
 
-def compare(methods: list[tuple[str, dict]], seeds: int, out: Path, budget: Budget) -> dict:
-    """Train every method with every seed (alternating), write metrics.csv, report.md and plots."""
+def compare(methods: list[tuple[str, dict]], seeds: int, out: Path, budget: Budget, first_seed: int = 0) -> dict:
+    """Train every method with seeds ``first_seed ...`` (alternating), write metrics.csv, report.md and plots."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rows, finals, curves = [], {}, {}
@@ -150,7 +150,7 @@ def compare(methods: list[tuple[str, dict]], seeds: int, out: Path, budget: Budg
                            budget, seed=0)
     finals["start (no RL)"] = [_headline(start.metrics, budget.test_samples)]
     curves["start (no RL)"] = [start.curves.get("precision_coverage")]
-    for seed in range(seeds):
+    for seed in range(first_seed, first_seed + seeds):
         for label, overrides in methods:
             t0 = time.time()
             _, history, result = train_method(overrides, seed, budget, out / "runs" / f"{label}-seed{seed}")
@@ -171,7 +171,7 @@ def compare(methods: list[tuple[str, dict]], seeds: int, out: Path, budget: Budg
         writer = csv.DictWriter(f, fieldnames=["method", "seed", *HEADLINE])
         writer.writeheader()
         for label, per_seed in finals.items():
-            for seed, values in enumerate(per_seed):  # the start model is evaluated once (seed 0)
+            for seed, values in enumerate(per_seed, start=first_seed):  # the start model: once
                 writer.writerow({"method": label, "seed": seed, **values})
     summary = {label: {k: _mean_std([v[k] for v in per_seed]) for k in HEADLINE} for label, per_seed in finals.items()}
     _write_report(out, methods, seeds, budget, summary, time.time() - started)
