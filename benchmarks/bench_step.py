@@ -70,8 +70,8 @@ def run(variant, model_dir, steps, out_dir, parts):
     timer = StepTimer()
     trainer = trainer_cls(model=model_dir, reward_funcs=digit_reward, args=args, train_dataset=tiny_dataset(64),
                           callbacks=[timer])
-    if isinstance(trainer, CAPOTrainer):
-        for name in TIMED:
+    for name in TIMED:
+        if hasattr(trainer, name):
             timed(trainer, name, parts)
     trainer.train()
     return timer.times[1:]  # the first step warms caches and allocators
@@ -100,7 +100,7 @@ def main():
         print(f"  {variant:<38} median {ms:7.1f} ms/step  (n={len(times[variant])})")
     print(f"ratio capo/grpo at beta=0:    {med['capo beta=0 (mask, own reference)'] / med['grpo beta=0']:.3f}x")
     print(f"ratio capo/grpo at beta=0.04: {med['capo beta=0.04 (mask, TRL reference)'] / med['grpo beta=0.04']:.3f}x")
-    for variant in ("capo beta=0 (mask, own reference)", "capo beta=0.04 (mask, TRL reference)"):
+    for variant in VARIANTS:
         spent = {k: statistics.median(v) * 1000 for k, v in parts[variant].items() if v}
         print(f"where time goes in '{variant}' (median ms per generation): "
               + ", ".join(f"{k.lstrip('_')} {ms:.1f}" for k, ms in spent.items()))

@@ -325,3 +325,20 @@ def test_mean_at_k():
     assert math.isnan(mean_at_k([]))
     with pytest.raises(ValueError, match="binary"):
         mean_at_k([[0.5]])
+
+
+def test_single_group_per_question_auroc_equals_pooled_auroc():
+    """The trainer logs pooled AUROC through the single-group Mann-Whitney path (cheaper per step)."""
+    from capo_trl.calibration import auroc, auroc_per_question
+
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        n = int(rng.integers(2, 80))
+        scores = np.round(rng.normal(size=n), 1)  # rounding makes ties
+        correct = rng.random(n) < 0.4
+        pooled = auroc(scores, correct)
+        single, usable = auroc_per_question(scores, correct, np.zeros(n, dtype=int))
+        if np.isnan(pooled):
+            assert np.isnan(single) and usable == 0
+        else:
+            assert single == pytest.approx(pooled, abs=1e-12) and usable == 1

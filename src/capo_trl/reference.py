@@ -30,12 +30,15 @@ class RolloutLogprobRecorder(LogitsProcessor):
     def __init__(self, temperature: float = 1.0):
         self.temperature = float(temperature)
         self.steps: list[torch.Tensor] = []
-        self._pending: torch.Tensor | None = None
+        self._pending: torch.Tensor | None = None  # logits / T of the last step (a new tensor, never mutated)
+        self._pending_lse: torch.Tensor | None = None
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if self._pending is not None:
-            self.steps.append(self._pending.gather(1, input_ids[:, -1:]).squeeze(1))
-        self._pending = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+            self.steps.append(self._pending.gather(1, input_ids[:, -1:]).squeeze(1) - self._pending_lse)
+        # log softmax at one token = logit - logsumexp: no (B, V) log-prob tensor per step
+        self._pending = scores.float() / self.temperature
+        self._pending_lse = torch.logsumexp(self._pending, dim=-1)
         return scores
 
     @contextmanager
@@ -74,7 +77,7 @@ class RolloutLogprobRecorder(LogitsProcessor):
                 return None  # the completion was extended after generation (tools): not ours to score
             row = table[i, :n].tolist()
             if n == num_steps:
-                row.append(last[i, ids[n - 1]].item())
+                row.append((last[i, ids[n - 1]] - self._pending_lse[i]).item())
             out.append(row)
         return out
 
