@@ -70,6 +70,9 @@ def test_demo_compare_and_calibrate_mask_run_end_to_end(tmp_path, capsys):
     data = json.loads((out / "summary.json").read_text())
     assert set(data["summary"]) == {"start (no RL)", "grpo", "capo"}
     assert data["plotted_points"] == 2 * 3 * 3  # 2 methods x 3 panels x validations at steps 0, 1, 2
+    from capo_trl.compare import replot
+
+    assert replot(out, val_samples=2) == data["plotted_points"]  # redrawn from metrics.csv alone
 
     config = tmp_path / "mask.yaml"
     assert main(["calibrate-mask", "--limit", "8", "--n", "4", "--write-config", str(config)]) == 0

@@ -12,7 +12,7 @@ import json
 import math
 import tempfile
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -324,9 +324,4 @@ def _quartiles(x: torch.Tensor) -> list[float] | None:
     return [torch.quantile(x.double(), q).item() for q in (0.25, 0.5, 0.75)]
 
 
-def with_budget(budget: Budget, **changes) -> Budget:
-    """A copy of ``budget`` with the changes that are not None (unset command-line options keep the default)."""
-    return replace(budget, **{k: v for k, v in changes.items() if v is not None})
-
-
-__all__ = ["PRESETS", "Budget", "parse_methods", "train_method", "compare", "demo", "calibrate_mask"]
+__all__ = ["PRESETS", "Budget", "parse_methods", "train_method", "compare", "replot", "demo", "calibrate_mask"]

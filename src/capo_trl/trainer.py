@@ -351,8 +351,9 @@ class CAPOTrainer(GRPOTrainer):
         self._ref_cache_step_start = (self._ref_cache.hits, self._ref_cache.lookups)
         scores = torch.full((n,), float("nan"), device=loss_mask.device)
         multimodal = any(k in out for k in _FORWARD_KEYS)
-        keys = sequence_keys(out["prompt_ids"], out["prompt_mask"], out["completion_ids"], loss_mask)
-        if self._ref_cache_usable and not multimodal:
+        cached = self._ref_cache_usable and not multimodal
+        keys = sequence_keys(out["prompt_ids"], out["prompt_mask"], out["completion_ids"], loss_mask) if cached else []
+        if cached:
             for i, key in enumerate(keys):
                 hit = self._ref_cache.get(key)
                 if hit is not None:
@@ -369,7 +370,7 @@ class CAPOTrainer(GRPOTrainer):
                 logps = self._forward_logps(self.model, out, rows)
         fresh = mean_token_logprob(logps, loss_mask[missing])
         scores[missing] = fresh
-        if self._ref_cache_usable and not multimodal:
+        if cached:
             for i, value in zip(missing.tolist(), fresh.tolist()):
                 if not math.isnan(value):
                     self._ref_cache.put(keys[i], value)
