@@ -244,7 +244,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``capo-trl`` command; returns the exit status (callable from Python and tests)."""
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    from .errors import UsageError
+
+    try:
+        return args.func(args)
+    except UsageError as err:  # bad input: one line naming what to fix, no traceback
+        print(f"capo-trl {args.command}: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

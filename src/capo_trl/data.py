@@ -16,6 +16,8 @@ from pathlib import Path
 
 from datasets import Dataset
 
+from .errors import UsageError
+
 SPLITS = ("train", "validation", "test")
 # Fractions of the problem space assigned to each split by hash; train gets the rest.
 _SPLIT_SHARE = {"validation": 0.1, "test": 0.1}
@@ -197,7 +199,7 @@ PROMPT_TEMPLATES = {"qwen_math": qwen_math_prompt, "plain": plain_math_prompt, "
 ROLES = ("problem", "answer", "id")
 
 
-class BenchmarkError(ValueError):
+class BenchmarkError(UsageError):
     """A benchmark cannot be loaded as asked; the message says how to fix it."""
 
 
