@@ -339,3 +339,47 @@ def test_vllm_colocate(problems_file, tmp_path, correction):
                 "--vllm_importance_sampling_correction", correction)]
     stdout = run_group(cmd, env, timeout=600)
     assert "2 steps on 1 process" in stdout and "capo/auroc" in stdout
+
+
+# ------------------------------------------------------------------------------------------ faults, one line each
+def one_line_error(capsys, argv) -> str:
+    capsys.readouterr()
+    assert cli.main(["train", *argv]) == 2, argv
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("capo-trl train: ") and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+def test_missing_model_data_and_checkpoint_are_one_line_errors(tiny_model_dir, problems_file, tmp_path, capsys):
+    out = str(tmp_path / "out")
+    assert "no such directory" in one_line_error(capsys, job(str(tmp_path / "nope"), problems_file, out))
+    assert "no config.json" in one_line_error(capsys, job(str(tmp_path), problems_file, out))
+    assert "no such file" in one_line_error(capsys, job(tiny_model_dir, str(tmp_path / "missing.jsonl"), out))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"problem": "1+1", "answer": "2"}\n{not json\n')
+    assert "not valid JSON" in one_line_error(capsys, job(tiny_model_dir, str(bad), out))
+    bad_csv = tmp_path / "bad.parquet"
+    bad_csv.write_bytes(b"\x00\x01 definitely not parquet")
+    assert "cannot be read as parquet" in one_line_error(capsys, job(tiny_model_dir, str(bad_csv), out))
+    few = tmp_path / "few.jsonl"
+    few.write_text('{"problem": "1", "answer": "1"}\n')  # one row; a batch needs 1 prompt x 4: fits
+    small = job(tiny_model_dir, str(few), out, "--per_device_train_batch_size", "8", "--max_steps", "1")
+    assert "fewer than the 2 distinct prompts" in one_line_error(capsys, small)
+    assert "holds no checkpoint" in one_line_error(
+        capsys, job(tiny_model_dir, problems_file, out, "--resume_from_checkpoint", "last"))
+    assert "trains nothing" in one_line_error(capsys, job(tiny_model_dir, problems_file, out, "--max_steps", "0"))
+
+
+def test_an_earlier_run_is_never_replaced_silently(tiny_model_dir, problems_file, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert cli.main(["train", *job(tiny_model_dir, problems_file, out, "--max_steps", "2", "--save_steps", "1")]) == 0
+    weights = (out / "model.safetensors").read_bytes()
+    err = one_line_error(capsys, job(tiny_model_dir, problems_file, out, "--max_steps", "1"))
+    assert "is not empty" in err and "--overwrite_output_dir" in err and "--resume_from_checkpoint last" in err
+    assert (out / "model.safetensors").read_bytes() == weights and (out / "checkpoint-2").is_dir()
+    # told to: the old run is gone, checkpoints included, so `resume last` cannot pick up a stale one
+    assert cli.main(["train", *job(tiny_model_dir, problems_file, out, "--max_steps", "1",
+                                   "--overwrite_output_dir", "true")]) == 0
+    assert not (out / "checkpoint-2").exists() and (out / "model.safetensors").read_bytes() != weights
+    with pytest.raises(ValueError, match="looks like a working directory"):
+        capo_train._clear_output_dir(str(HERE.parent))

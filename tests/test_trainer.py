@@ -184,3 +184,55 @@ def test_bounded_scale_at_huge_tau_trains_exactly_like_grpo(tiny_model_dir, tmp_
         assert logged(capo, name) == pytest.approx(logged(grpo, name), rel=1e-4, abs=1e-6)
     mine, reference = params(capo), params(grpo)
     assert all(torch.allclose(mine[n], reference[n], atol=1e-5) for n in reference)
+
+
+# ----------------------------------------------------------------------------------- bad input, found early
+def test_too_little_data_fails_before_the_model_loads(tmp_path):
+    from capo_trl.errors import UsageError
+
+    args = CAPOConfig(output_dir=str(tmp_path), **COMMON)  # 8 completions / 4 generations = 2 prompts a batch
+    for rows, message in ((0, "empty"), (1, "1 rows, fewer than the 2 distinct prompts")):
+        with pytest.raises(UsageError, match=message):
+            CAPOTrainer(model="no/such-model", reward_funcs=digit_reward, args=args, train_dataset=tiny_dataset(rows))
+
+
+def test_max_steps_zero_is_refused():
+    with pytest.raises(ValueError, match="max_steps=0 .* trains nothing"):
+        CAPOConfig(output_dir="unused", **{**COMMON, "max_steps": 0})
+
+
+def test_prompts_longer_than_the_context(tiny_model_dir, tmp_path):
+    from datasets import Dataset
+
+    from capo_trl.errors import UsageError
+
+    def data(length):
+        return Dataset.from_list([{"prompt": "1" * length, "answer": "1"}] * 4)
+
+    args = CAPOConfig(output_dir=str(tmp_path), **COMMON)  # the tiny model's context: 256 positions
+    with pytest.raises(UsageError, match=r"4 prompt\(s\) \(all 4 checked\) are 300 tokens.*context.*256"):
+        CAPOTrainer(model=tiny_model_dir, reward_funcs=digit_reward, args=args, train_dataset=data(300))
+    with pytest.warns(UserWarning, match=r"plus max_completion_length=8 exceed the model's context of 256"):
+        CAPOTrainer(model=tiny_model_dir, reward_funcs=digit_reward, args=args, train_dataset=data(250))
+
+
+def test_infinite_reward_names_the_function(tiny_model_dir, tmp_path):
+    from capo_trl.errors import UsageError
+
+    def exploding_reward(completions, **kwargs):
+        return [float("inf")] + [1.0] * (len(completions) - 1)
+
+    trainer = make(tiny_model_dir, tmp_path, reward=[digit_reward, exploding_reward], max_steps=1)
+    with pytest.raises(UsageError, match=r"reward function 'exploding_reward' returned inf for 1 of 8 completions"):
+        trainer.train()
+
+
+def test_auto_thresholds_say_when_they_cannot_measure(tiny_model_dir, tmp_path):
+    def constant_reward(completions, **kwargs):
+        return [1.0] * len(completions)
+
+    trainer = make(tiny_model_dir, tmp_path, reward=constant_reward, noise_mask=True, ref_thresholds="auto",
+                   max_steps=2)
+    with pytest.warns(UserWarning, match=r"measured no mask thresholds after 1 generation batch.*stays off"):
+        trainer.train()
+    assert trainer._measured_thresholds is None and not logged(trainer, "capo/ref_high")

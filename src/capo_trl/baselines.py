@@ -230,6 +230,13 @@ class CoDaPOReplay:
             return self.deferred.popleft()
         return incoming
 
+    def state_dict(self) -> dict:
+        """The planned replay and the deferred batches: checkpointed, so resuming replays what it would have."""
+        return {"pending": self.pending, "deferred": list(self.deferred), "replaying": self.replaying}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pending, self.deferred, self.replaying = state["pending"], deque(state["deferred"]), state["replaying"]
+
     def observe(self, rewards: torch.Tensor, scores: torch.Tensor, global_rows: list) -> int:
         """Plan the replay of a normal batch (global rows, contiguous groups); returns the number of
         questions selected (0 after a replay batch, which is never itself replayed)."""

@@ -172,5 +172,10 @@ class CAPOConfig(BaselineConfig):
                 "CAPOConfig.sync_ref_model=True moves the reference model during training, but the noise mask "
                 "judges completions against the *initial* policy. Set sync_ref_model=False, or noise_mask=False."
             )
+        if self.max_steps == 0 or (self.max_steps < 0 and self.num_train_epochs <= 0):
+            raise ValueError(
+                f"CAPOConfig.max_steps={self.max_steps} with num_train_epochs={self.num_train_epochs} trains nothing; "
+                "give max_steps > 0, or max_steps=-1 with num_train_epochs > 0."
+            )
         if not isinstance(self.ref_cache_size, int) or isinstance(self.ref_cache_size, bool) or self.ref_cache_size < 0:
             raise bad("ref_cache_size", "it must be an integer >= 0 (0 disables the cache)")

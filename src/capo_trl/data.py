@@ -324,11 +324,19 @@ def _load_local(path: Path) -> Dataset:
     """JSON is read with the json module, not ``load_dataset('json')``: gold answers mix strings,
     numbers and lists across rows, which Arrow's per-file schema inference rejects."""
     suffix = path.suffix.lower()
-    if suffix == ".csv":
-        return Dataset.from_csv(str(path))
-    if suffix == ".parquet":
-        return Dataset.from_parquet(str(path))
-    text = path.read_text(encoding="utf-8")
+    if suffix in (".csv", ".parquet"):
+        try:
+            ds = Dataset.from_csv(str(path)) if suffix == ".csv" else Dataset.from_parquet(str(path))
+        except Exception as err:  # pyarrow/pandas raise many types for one cause: the file is not what it says
+            raise BenchmarkError(f"{path}: cannot be read as {suffix[1:]} ({type(err).__name__}: "
+                                 f"{str(err).splitlines()[0] if str(err) else ''}).") from err
+        if len(ds) == 0:
+            raise BenchmarkError(f"{path}: the file has no rows.")
+        return ds
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise BenchmarkError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); save it as UTF-8.") from err
     try:
         rows = json.loads(text) if text.lstrip().startswith("[") else [
             json.loads(line) for line in text.splitlines() if line.strip()

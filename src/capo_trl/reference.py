@@ -137,3 +137,17 @@ class ReferenceScoreCache:
     def clear(self) -> None:
         """Forget every score: required whenever the reference model changes."""
         self._data.clear()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Entries in LRU order as tensors (checkpointed, so a resumed run hits the cache as the original did)."""
+        keys = b"".join(self._data)
+        key_size = len(next(iter(self._data))) if self._data else 16
+        return {"keys": torch.frombuffer(bytearray(keys), dtype=torch.uint8).view(-1, key_size).clone()
+                if keys else torch.zeros(0, key_size, dtype=torch.uint8),
+                "values": torch.tensor(list(self._data.values()), dtype=torch.float64)}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore :meth:`state_dict`'s entries (the most recent ``max_size`` of them)."""
+        self._data.clear()
+        for key, value in zip(state["keys"], state["values"].tolist()):
+            self.put(bytes(key.tolist()), value)

@@ -25,6 +25,7 @@ from pathlib import Path
 import yaml
 
 from .config import CAPOConfig
+from .errors import UsageError, check_model_path, check_output_dir
 
 # Reward functions known by short name; anything else is a dotted path.
 REWARDS = {
@@ -76,6 +77,11 @@ class ScriptArguments:
         default=None,
         metadata={"help": "Drop training problems whose rendered prompt is longer than this many tokens (verl's "
                   "filter_overlong_prompts; TRL 1.16 has no prompt truncation). Default: keep all."},
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Delete what output_dir holds before training. Without it, a non-empty output_dir is "
+                  "refused (unless resume_from_checkpoint is given), so an earlier run is never replaced silently."},
     )
     reward_funcs: list[str] = field(
         default_factory=lambda: ["math_accuracy"],
@@ -216,8 +222,36 @@ def check_args(script_args: ScriptArguments, training_args: CAPOConfig, model_ar
     if script_args.max_prompt_length is not None and script_args.max_prompt_length < 1:
         raise ValueError(f"max_prompt_length must be >= 1, got {script_args.max_prompt_length}.")
     name = script_args.dataset_name
-    if name is not None and _dataset_kind(name) == "local" and script_args.dataset_train_split is not None:
-        raise ValueError(f"dataset_train_split does not apply to a local file ({name}): give each split its own file.")
+    if name is not None and _dataset_kind(name) == "local":
+        if script_args.dataset_train_split is not None:
+            raise UsageError(f"dataset_train_split does not apply to a local file ({name}): give each split its own "
+                             "file.")
+
+
+def preflight(script_args: ScriptArguments, training_args: CAPOConfig, model_args) -> None:
+    """Checks against the file system, before anything loads: model, data file, output folder, checkpoint.
+
+    An earlier run's folder is refused unless resuming it or told to replace it.
+    """
+    from transformers.trainer_utils import get_last_checkpoint
+
+    name = script_args.dataset_name
+    if name is not None and _dataset_kind(name) == "local" and not Path(name).is_file():
+        raise UsageError(f"dataset_name {name}: no such file. Give an existing .json/.jsonl/.csv/.parquet file, "
+                         "a registry name or a hub dataset id.")
+    if model_args.model_name_or_path is not None:
+        check_model_path(model_args.model_name_or_path, "model_name_or_path")
+    out = Path(training_args.output_dir)
+    resume = _resume_target(training_args.resume_from_checkpoint)
+    if resume is True and (not out.is_dir() or get_last_checkpoint(str(out)) is None):
+        raise UsageError(f"resume_from_checkpoint: {out} holds no checkpoint-N folder to resume from; drop the flag "
+                         "to start afresh, or point output_dir at the run to resume.")
+    if isinstance(resume, str) and not Path(resume).is_dir():
+        raise UsageError(f"resume_from_checkpoint {resume}: no such directory; give a checkpoint-N folder, or "
+                         "'last' for the newest one in output_dir.")
+    if resume is None and not script_args.overwrite_output_dir:
+        check_output_dir(out, overwrite=False, flag="--overwrite_output_dir true (or resume it with "
+                                                     "--resume_from_checkpoint last)")
 
 
 # ------------------------------------------------------------------------------------------ rewards
@@ -265,7 +299,7 @@ def load_problems(script_args: ScriptArguments, split: str | None, limit: int | 
     name = script_args.dataset_name or "arithmetic"
     kind = _dataset_kind(name)
     if kind != "hub" and script_args.dataset_config is not None:
-        raise ValueError(f"dataset_config applies to hub dataset ids only, not to {name!r}.")
+        raise UsageError(f"dataset_config applies to hub dataset ids only, not to {name!r}.")
     if kind == "registry":
         arithmetic = name.strip().lower() == "arithmetic"
         return load_benchmark(name, split=split or ("train" if arithmetic else None), limit=limit,
@@ -275,11 +309,16 @@ def load_problems(script_args: ScriptArguments, split: str | None, limit: int | 
                               template=script_args.prompt_template)
     import datasets
 
-    ds = datasets.load_dataset(name, script_args.dataset_config, split=split or "train")
+    try:
+        ds = datasets.load_dataset(name, script_args.dataset_config, split=split or "train")
+    except Exception as err:  # offline, unknown id, bad split: one cause for the user
+        offline = " (HF_HUB_OFFLINE is set)" if datasets.config.HF_HUB_OFFLINE else ""
+        raise UsageError(f"dataset_name {name!r}: cannot load it as a hub dataset{offline}: {type(err).__name__}: "
+                         f"{str(err).splitlines()[0] if str(err) else ''}. Give a registry name or a local file.") from err
     mapping = {"problem": "problem", "answer": "answer", **(script_args.columns() or {})}
     missing = [f"{role}->{col}" for role, col in mapping.items() if role != "id" and col not in ds.column_names]
     if missing:
-        raise ValueError(f"Dataset {name!r} lacks column(s) {missing} (columns: {ds.column_names}); map them with "
+        raise UsageError(f"Dataset {name!r} lacks column(s) {missing} (columns: {ds.column_names}); map them with "
                          "dataset_columns, e.g. problem=question.")
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
@@ -290,16 +329,9 @@ def load_problems(script_args: ScriptArguments, split: str | None, limit: int | 
 
 def drop_long_prompts(ds, tokenizer, max_tokens: int):
     """Keep rows whose prompt, rendered as TRL renders it, fits in ``max_tokens`` tokens."""
-    def fits(row):
-        prompt = row["prompt"]
-        if isinstance(prompt, list):
-            ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-        else:
-            ids = tokenizer(prompt)["input_ids"]
-        return len(ids) <= max_tokens
+    from .trainer import prompt_lengths
 
-    return ds.filter(fits)
+    return ds.filter(lambda row: prompt_lengths([row["prompt"]], tokenizer)[0] <= max_tokens)
 
 
 # ------------------------------------------------------------------------------------------ model
@@ -354,10 +386,31 @@ def _resume_target(value):
     return value or None
 
 
+def _clear_output_dir(path: str) -> None:
+    """``overwrite_output_dir``: delete the folder's contents, so no checkpoint of the old run is left to resume."""
+    import shutil
+
+    out = Path(path).resolve()
+    if out in (Path.cwd().resolve(), Path.home().resolve(), Path(out.anchor)) or (out / ".git").exists():
+        raise UsageError(f"overwrite_output_dir would delete {out}, which looks like a working directory, not a "
+                         "run's output; choose a dedicated output_dir.")
+    for entry in out.iterdir() if out.is_dir() else []:
+        shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+
+
 def run(script_args: ScriptArguments, training_args: CAPOConfig, model_args):
     """Train, then save the final model (the adapter only, under PEFT) to output_dir; returns the trainer."""
+    preflight(script_args, training_args, model_args)
+    resume = _resume_target(training_args.resume_from_checkpoint)
+    if script_args.overwrite_output_dir and resume is None:
+        with training_args.main_process_first(desc="clearing output_dir", local=False):
+            if training_args.process_index == 0:
+                _clear_output_dir(training_args.output_dir)
     trainer = build_trainer(script_args, training_args, model_args)
-    trainer.train(resume_from_checkpoint=_resume_target(training_args.resume_from_checkpoint))
+    trainer.train(resume_from_checkpoint=resume)
+    if trainer.state.global_step == 0:
+        raise UsageError("training ran 0 steps (the dataset yielded no complete batch); nothing was saved. Add rows, "
+                         "or lower per_device_train_batch_size.")
     trainer.save_model(training_args.output_dir)
     n = trainer.accelerator.num_processes
     trainer.accelerator.print(f"capo-trl train: {trainer.state.global_step} steps on {n} process{'es' * (n > 1)}, "
@@ -387,7 +440,7 @@ def run_and_end(script_args: ScriptArguments, training_args: CAPOConfig, model_a
     accelerator.end_training()
 
 
-__all__ = ["ScriptArguments", "make_parser", "parse_args", "check_args", "resolve_reward", "load_problems",
+__all__ = ["ScriptArguments", "make_parser", "parse_args", "check_args", "preflight", "resolve_reward", "load_problems",
            "build_trainer", "run", "run_and_end", "main"]
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import inspect
 import math
+import os
 import warnings
 
 import numpy as np
@@ -23,6 +24,7 @@ from accelerate.utils import gather_object, is_peft_model
 from packaging.version import Version
 from trl import GRPOTrainer
 from trl.models import prepare_deepspeed, prepare_fsdp
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import (
     add_fused_lm_head,
@@ -43,6 +45,7 @@ from .advantages import (
 from .baselines import CoDaPOReplay
 from .calibration import auroc_per_question
 from .config import CAPOConfig
+from .errors import UsageError
 from .estimators.verbalized import verbalized_inputs
 from .reference import ReferenceScoreCache, RolloutLogprobRecorder, sequence_keys
 
@@ -54,6 +57,9 @@ if ".".join(Version(trl.__version__).base_version.split(".")[:2]) != TESTED_TRL:
     )
 
 # Extra model inputs TRL's forward accepts (multimodal); passed through unchanged when present.
+# What CAPO keeps across steps, one file per process in each checkpoint (like transformers' rng_state_N.pth).
+CAPO_STATE = "capo_state_{}.pt"
+
 _FORWARD_KEYS = (
     "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
     "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
@@ -83,6 +89,7 @@ class CAPOTrainer(GRPOTrainer):
                 "CAPOConfig(...): it accepts every GRPOConfig field."
             )
         bound = inspect.signature(GRPOTrainer.__init__).bind(self, model, reward_funcs, args, *pargs, **kwargs)
+        _check_dataset_size(bound.arguments.get("train_dataset"), args)  # before any model is loaded
         peft_config = bound.arguments.get("peft_config")
         self._quantization_config = bound.arguments.get("quantization_config")
         needs_own_ref = bool(args.noise_mask) and args.beta == 0.0 and peft_config is None and (
@@ -104,6 +111,7 @@ class CAPOTrainer(GRPOTrainer):
         self._codapo_replay = CoDaPOReplay(
             self.num_generations, args.codapo_percentile, args.codapo_repeat, args.codapo_weight_offset,
             args.correct_threshold) if args.advantage_estimator == "codapo" and args.codapo_replay else None
+        self._check_prompt_lengths(self.train_dataset, "train_dataset")
 
     # ----------------------------------------------------------------------------------- setup
     def _build_reference(self, source) -> torch.nn.Module:
@@ -130,9 +138,93 @@ class CAPOTrainer(GRPOTrainer):
             return prepare_fsdp(ref, self.accelerator)
         return self.accelerator.prepare_model(ref, evaluation_mode=True)
 
+    def _check_prompt_lengths(self, dataset, name: str, limit: int = 10_000) -> None:
+        """A prompt longer than the model's context cannot be trained on (TRL 1.16 does not truncate)."""
+        context = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+        if not isinstance(context, int) or dataset is None or not hasattr(dataset, "__len__") or len(dataset) == 0:
+            return
+        columns = getattr(dataset, "column_names", None) or []
+        if "prompt" not in columns or {"image", "images"} & set(columns):  # multimodal: the processor counts
+            return
+        rows = dataset.select(range(min(limit, len(dataset)))) if len(dataset) > limit else dataset
+        lengths = prompt_lengths(rows["prompt"], getattr(self.processing_class, "tokenizer", self.processing_class))
+        checked = f"{len(rows)} of {len(dataset)}" if len(rows) < len(dataset) else f"all {len(rows)}"
+        too_long = [n for n in lengths if n >= context]
+        if too_long:
+            raise UsageError(
+                f"{name}: {len(too_long)} prompt(s) ({checked} checked) are {max(too_long)} tokens or longer, but the "
+                f"model's context (max_position_embeddings) is {context} tokens: no completion token fits. Drop them "
+                "(capo-trl train: max_prompt_length; Python: dataset.filter) or use a longer-context model."
+            )
+        overflow = [n for n in lengths if n + self.max_completion_length > context]
+        if overflow:
+            warnings.warn(
+                f"{name}: {len(overflow)} prompt(s) ({checked} checked, longest {max(overflow)} tokens) plus "
+                f"max_completion_length={self.max_completion_length} exceed the model's context of {context} tokens; "
+                "their completions run past the positions the model was trained on. Drop long prompts "
+                "(capo-trl train: max_prompt_length) or lower max_completion_length.",
+                stacklevel=3,
+            )
+
+    # ----------------------------------------------------------------------------------- checkpoints
+    def _capo_state(self) -> dict:
+        """Everything CAPO carries from step to step, so that resuming a run equals not stopping it."""
+        state = {
+            "measured_thresholds": self._measured_thresholds,
+            "threshold_samples": [(r, p) for r, p in self._threshold_samples],
+            "warned": sorted(self._warned),
+        }
+        if self._codapo_replay is not None:
+            state["codapo_replay"] = self._codapo_replay.state_dict()
+        if self._ref_cache_usable:
+            state["ref_cache"] = self._ref_cache.state_dict()
+        return state
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        os.makedirs(folder, exist_ok=True)
+        torch.save(self._capo_state(), os.path.join(folder, CAPO_STATE.format(self.accelerator.process_index)))
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        """Resume hook (TRL restores its own controller state here too): reload :meth:`_capo_state`."""
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None:
+            return
+        path = os.path.join(checkpoint, CAPO_STATE.format(self.accelerator.process_index))
+        if not os.path.isfile(path):
+            stateful = self.args.noise_mask and self.args.ref_thresholds == "auto" or self._codapo_replay is not None
+            if stateful:
+                warnings.warn(
+                    f"{checkpoint} has no {os.path.basename(path)} (written by an older capo-trl, or by a run on "
+                    "another number of processes): measured mask thresholds, the CoDaPO replay buffer and the "
+                    "reference cache start afresh, so this resumed run differs from an uninterrupted one.",
+                    stacklevel=2,
+                )
+            return
+        state = torch.load(path, weights_only=True)
+        measured = state["measured_thresholds"]
+        self._measured_thresholds = tuple(measured) if measured is not None else None
+        self._threshold_samples = [tuple(pair) for pair in state["threshold_samples"]]
+        self._warned = set(state["warned"])
+        if self._codapo_replay is not None and "codapo_replay" in state:
+            self._codapo_replay.load_state_dict(state["codapo_replay"])
+        if self._ref_cache_usable and "ref_cache" in state:
+            self._ref_cache.load_state_dict(state["ref_cache"])
+
     # ----------------------------------------------------------------------------------- hooks
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        self._rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        infinite = torch.isinf(rewards)
+        if infinite.any():  # NaN is TRL's "None: cannot grade"; an infinity is a bug in the reward function
+            column = int(infinite.any(dim=0).nonzero()[0])
+            raise UsageError(
+                f"reward function {self.reward_func_names[column]!r} returned "
+                f"{rewards[:, column][infinite[:, column]][0].item()} for {int(infinite[:, column].sum())} of "
+                f"{rewards.size(0)} completions. Rewards must be finite numbers; return None for a completion "
+                "that cannot be graded."
+            )
+        self._rewards_per_func = rewards
         return self._rewards_per_func
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
@@ -235,6 +327,15 @@ class CAPOTrainer(GRPOTrainer):
                     self._measured_thresholds = (high, low)
                     self._threshold_samples.clear()
         if self._measured_thresholds is None:
+            if len(self._threshold_samples) >= self.args.ref_calibration_steps and "unmeasured" not in self._warned:
+                self._warned.add("unmeasured")
+                warnings.warn(
+                    f"ref_thresholds='auto' measured no mask thresholds after {len(self._threshold_samples)} "
+                    "generation batch(es): the rollouts so far lack correct or wrong completions (their rewards "
+                    f"never crossed correct_threshold={self.args.correct_threshold}). The noise mask stays off "
+                    "until both appear; set ref_high/ref_low with ref_thresholds='fixed' to mask from the start.",
+                    stacklevel=2,
+                )
             return None  # still measuring (or a class never appeared yet): no mask
         high, low = self._measured_thresholds
         self._metrics[mode]["capo/ref_high"].append(high)
@@ -430,3 +531,32 @@ class CAPOTrainer(GRPOTrainer):
                     "disable the mask with noise_mask=False.",
                     stacklevel=2,
                 )
+
+
+
+def _check_dataset_size(dataset, args: CAPOConfig) -> None:
+    """TRL's sampler drops an incomplete generation batch: too few rows train 0 steps and 'succeed'."""
+    if dataset is None or not hasattr(dataset, "__len__"):
+        return
+    prompts = args.generation_batch_size // args.num_generations
+    if len(dataset) == 0:
+        raise UsageError("train_dataset is empty: nothing to train on.")
+    if len(dataset) < prompts:
+        raise UsageError(
+            f"train_dataset has {len(dataset)} rows, fewer than the {prompts} distinct prompts of one generation "
+            f"batch (generation_batch_size={args.generation_batch_size} / num_generations={args.num_generations}), "
+            "so no step would train. Add rows, or lower per_device_train_batch_size (or steps_per_generation)."
+        )
+
+
+def prompt_lengths(prompts, tokenizer) -> list[int]:
+    """Token count of each prompt as TRL renders it (chat template with generation prompt, or plain text)."""
+    lengths = []
+    for prompt in prompts:
+        if isinstance(prompt, list):
+            ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        else:
+            ids = tokenizer(prompt)["input_ids"]
+        lengths.append(len(ids))
+    return lengths
