@@ -1,6 +1,7 @@
 """The embedded default: packaged model, arithmetic task, demo / compare / calibrate-mask end to end."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -78,3 +79,122 @@ def test_demo_compare_and_calibrate_mask_run_end_to_end(tmp_path, capsys):
     assert main(["calibrate-mask", "--limit", "8", "--n", "4", "--write-config", str(config)]) == 0
     written = config.read_text()
     assert "ref_high" in written and "ref_low" in written and "tau" in written
+
+
+# ------------------------------------------------------------------------------------ one-line errors
+@pytest.fixture
+def nothing_runs(monkeypatch):
+    """Fails the test if a command gets as far as evaluating, training or sampling."""
+    import capo_trl.compare as cmp
+
+    def fail(*args, **kwargs):
+        raise AssertionError("work started before the bad input was caught")
+
+    for name in ("_evaluate_test", "train_method", "calibrate_mask"):
+        monkeypatch.setattr(cmp, name, fail)
+
+
+def _one_line_error(capsys, command, *needles):
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"capo-trl {command}: "), err
+    for needle in needles:
+        assert needle in err, (needle, err)
+    return err
+
+
+@pytest.mark.parametrize("extra, needles", [
+    (["--method", "capox"], ["--method", "'capox'", "did you mean 'capo'"]),
+    (["--method", "capo:tauu=1"], ["--method", "'tauu'", "did you mean 'tau'"]),
+    (["--method", "grpo,capo"], ["--method", "one method"]),
+    (["--steps", "0"], ["--steps"]),
+    (["--test-samples", "0"], ["--test-samples"]),
+    (["--model", "/no/such/model"], ["/no/such/model", "no such directory"]),
+])
+def test_demo_refuses_bad_input_before_any_work(nothing_runs, capsys, extra, needles):
+    assert main(["demo", "--no-progress", *extra]) == 2
+    err = _one_line_error(capsys, "demo", *needles)
+    assert "--methods" not in err
+
+
+@pytest.mark.parametrize("extra, needles", [
+    (["--limit", "0"], ["--limit"]), (["--n", "0"], ["--n"]), (["--max-new-tokens", "0"], ["--max-new-tokens"]),
+    (["--n", "1", "--write-config", "x.yaml"], ["--n 1", "tau cannot be measured"]),
+    (["--model", "/no/such/model"], ["/no/such/model", "no such directory"]),
+    (["--benchmark", "missing.jsonl"], ["missing.jsonl"]),
+    (["--column", "problem=question"], ["--column", "arithmetic-train"]),
+])
+def test_calibrate_mask_refuses_bad_input_before_sampling(nothing_runs, capsys, tmp_path, monkeypatch, extra,
+                                                          needles):
+    monkeypatch.chdir(tmp_path)
+    assert main(["calibrate-mask", *extra]) == 2
+    _one_line_error(capsys, "calibrate-mask", *needles)
+    assert not (tmp_path / "x.yaml").exists()
+
+
+def test_calibrate_mask_refuses_a_config_that_is_not_a_mapping(nothing_runs, capsys, tmp_path):
+    for text, needle in (("- a\n- b\n", "a YAML list"), ("tau: [\n", "not valid YAML"), ("just text\n", "a YAML str")):
+        config = tmp_path / "recipe.yaml"
+        config.write_text(text)
+        assert main(["calibrate-mask", "--write-config", str(config)]) == 2
+        _one_line_error(capsys, "calibrate-mask", str(config), needle)
+        assert config.read_text() == text
+    assert main(["calibrate-mask", "--write-config", str(tmp_path / "no-dir" / "r.yaml")]) == 2
+    _one_line_error(capsys, "calibrate-mask", "no-dir")
+
+
+MEASURED = {"ref_high": 1.8, "ref_low": 1.02, "tau": 0.25, "score_spread": 0.25, "reference_auroc": 0.7,
+            "reference_accuracy": 0.4, "ppl_correct_quartiles": [1.1, 1.3, 1.8],
+            "ppl_wrong_quartiles": [1.02, 1.5, 2.0], "n_problems": 8, "n_samples": 32, "mixed_groups": 3}
+
+
+def _measured(monkeypatch, **changes):
+    import capo_trl.compare as cmp
+
+    monkeypatch.setattr(cmp, "calibrate_mask", lambda *a, **k: {**MEASURED, **changes})
+
+
+@pytest.mark.parametrize("changes, needle", [
+    (dict(ref_high=float("nan"), ppl_correct_quartiles=None, reference_accuracy=0.0), "no correct answers"),
+    (dict(ref_low=float("nan"), ppl_wrong_quartiles=None, reference_accuracy=1.0), "no wrong answers"),
+    (dict(tau=float("nan"), score_spread=float("nan"), mixed_groups=0), "no group"),
+    (dict(tau=0.0, score_spread=0.0), "tau"),
+])
+def test_calibrate_mask_never_writes_an_unmeasured_value(monkeypatch, capsys, tmp_path, changes, needle):
+    _measured(monkeypatch, **changes)
+    config = tmp_path / "recipe.yaml"
+    config.write_text("tau: 0.6  # paper\n")
+    assert main(["calibrate-mask", "--write-config", str(config)]) == 1
+    err = capsys.readouterr().err
+    assert needle in err and "--limit" in err and "nothing written" in err
+    assert config.read_text() == "tau: 0.6  # paper\n"
+
+
+def test_calibrate_mask_updates_only_the_lines_of_its_keys(monkeypatch, capsys, tmp_path):
+    import yaml
+
+    recipe = Path(__file__).resolve().parents[1] / "examples" / "recipes" / "capo-qwen2.5-math-1.5b.yaml"
+    original = recipe.read_text().splitlines(keepends=True)
+    config = tmp_path / "recipe.yaml"
+    config.write_text("".join(original))
+    _measured(monkeypatch)
+    assert main(["calibrate-mask", "--write-config", str(config)]) == 0
+    updated = config.read_text().splitlines(keepends=True)
+    assert len(updated) == len(original)  # every key was already there: no line added or lost
+    changed = [(a, b) for a, b in zip(original, updated) if a != b]
+    assert [b.split(":")[0] for _, b in changed] == ["tau", "ref_high", "ref_low"]
+    assert all(b.split("#")[1:] == a.split("#")[1:] for a, b in changed)  # trailing comments kept
+    parsed = yaml.safe_load(config.read_text())
+    assert (parsed["tau"], parsed["ref_high"], parsed["ref_low"]) == (0.25, 1.8, 1.02)
+    assert parsed["tau_mode"] == "absolute" and parsed["ref_thresholds"] == "fixed"
+
+    short = tmp_path / "short.yaml"
+    short.write_text("# my recipe\nlearning_rate: 1.0e-6\ntau_mode: relative   # was relative\n")
+    assert main(["calibrate-mask", "--write-config", str(short)]) == 0
+    text = short.read_text()
+    assert text.startswith("# my recipe\nlearning_rate: 1.0e-6\ntau_mode: absolute   # was relative\n")
+    assert yaml.safe_load(text) == {"learning_rate": 1e-6, "tau_mode": "absolute", "tau": 0.25, "ref_high": 1.8,
+                                    "ref_low": 1.02, "ref_thresholds": "fixed"}
+    created = tmp_path / "new.yaml"
+    assert main(["calibrate-mask", "--write-config", str(created)]) == 0
+    assert yaml.safe_load(created.read_text())["tau"] == 0.25

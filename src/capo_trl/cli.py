@@ -12,6 +12,84 @@ import sys
 from pathlib import Path
 
 # ------------------------------------------------------------------------------------ eval
+# (the helpers up to add_eval_parser are shared by eval, demo, compare and calibrate-mask)
+def _one_line(run):
+    """Every UsageError of ``run`` on one line (a message may quote a multi-line library error)."""
+    import functools
+
+    @functools.wraps(run)
+    def wrapped(args) -> int:
+        from .errors import UsageError
+
+        try:
+            return run(args)
+        except UsageError as err:
+            text = " ".join(str(err).split())
+            if text == str(err):
+                raise
+            raise UsageError(text) from err
+
+    return wrapped
+
+
+def _quiet(args) -> None:
+    """--no-progress also hides the progress bars of datasets (file loading) and transformers (weights)."""
+    if getattr(args, "no_progress", False):
+        import datasets
+        import transformers
+
+        datasets.disable_progress_bars()
+        transformers.utils.logging.disable_progress_bar()
+
+
+def _role_name(text: str) -> tuple[str, str]:
+    """``--column ROLE=NAME`` (an argparse type: a malformed pair is an argparse error, exit 2)."""
+    role, sep, name = text.partition("=")
+    if not sep or not role.strip() or not name.strip():
+        raise argparse.ArgumentTypeError(f"expected ROLE=NAME (e.g. problem=question), got {text!r}")
+    return role.strip(), name.strip()
+
+
+def _add_data_args(p) -> None:
+    p.add_argument("--split", default=None, help="dataset split (default: the benchmark's)")
+    p.add_argument("--column", action="append", default=[], type=_role_name, metavar="ROLE=NAME",
+                   help="column mapping for the problem/answer/id roles, e.g. --column problem=question")
+
+
+def _at_least(value, flag: str, minimum: int = 1, what: str = "") -> None:
+    from .errors import UsageError
+
+    if value is not None and value < minimum:
+        raise UsageError(f"{flag} must be >= {minimum}{f' ({what})' if what else ''}, got {value}.")
+
+
+def _load_problems(name: str, **kwargs):
+    """load_benchmark, with the CLI's spelling of a column mapping in its hint."""
+    from .data import BenchmarkError, load_benchmark
+
+    try:
+        return load_benchmark(name, **kwargs)
+    except BenchmarkError as err:
+        if "columns=" in str(err) and "--column" not in str(err):
+            raise BenchmarkError(f"{err} On the command line: --column ROLE=NAME, e.g. --column problem=question.") \
+                from err
+        raise
+
+
+def _check_device(device: str | None) -> None:
+    if device is None:
+        return
+    import torch
+
+    from .errors import UsageError
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as err:
+        raise UsageError(f"--device {device!r} is not a device ({err}); use e.g. cpu, cuda or cuda:1.") from err
+    if dev.type == "cuda" and (not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()):
+        raise UsageError(f"--device {device}: no such CUDA device here ({torch.cuda.device_count()} visible); use "
+                         "--device cpu, or another index.")
 
 
 def add_eval_parser(subparsers) -> None:
@@ -19,16 +97,15 @@ def add_eval_parser(subparsers) -> None:
         "eval", help="sample N answers per problem; report accuracy, scaling and calibration",
         description="Sample --n completions per problem, grade them with the math reward, and write "
                     "report.json (metrics), samples.csv (one row per completion) and, with --plots, "
-                    "precision-coverage and reliability PNGs to --out.",
+                    "precision-coverage and reliability PNGs to --out (a new or empty directory, or "
+                    "--overwrite).",
     )
     p.add_argument("--model", required=True, help="model directory (or hub id, with network)")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model's)")
     p.add_argument("--benchmark", required=True,
                    help="registered name (math500, aime24, aime25, amc23, minerva, olympiadbench, deepscaler, "
                         "arithmetic) or a local .json/.jsonl/.csv/.parquet file")
-    p.add_argument("--split", default=None, help="dataset split (default: the benchmark's)")
-    p.add_argument("--column", action="append", default=[], metavar="ROLE=NAME",
-                   help="column mapping for the problem/answer/id roles, e.g. --column problem=question")
+    _add_data_args(p)
     p.add_argument("--template", default=None, choices=["qwen_math", "plain", "raw"],
                    help="prompt template (default: qwen_math; raw for arithmetic)")
     p.add_argument("--limit", type=int, default=None, help="evaluate the first N problems only")
@@ -36,44 +113,53 @@ def add_eval_parser(subparsers) -> None:
     p.add_argument("--ks", type=int, nargs="+", default=None, help="k values of pass@k / maj@k (default 1,2,4..n)")
     p.add_argument("--max-new-tokens", type=int, default=1024)
     p.add_argument("--temperature", type=float, default=1.0, help="sampling and log-prob temperature (0: greedy)")
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling, in (0, 1] (1: off)")
     p.add_argument("--top-k", type=int, default=0, help="0 disables top-k")
     p.add_argument("--batch-size", type=int, default=64, help="sequences per generate() call")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", default="transformers", choices=["transformers", "vllm"])
     p.add_argument("--device", default=None, help="e.g. cuda, cuda:1, cpu (default: cuda if available)")
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--out", required=True, help="output directory (new or empty, unless --overwrite)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into a non-empty --out, replacing a previous report there (other files are kept)")
     p.add_argument("--plots", action="store_true", help="also write PNG plots")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(func=run_eval)
 
 
-def _columns(pairs: list[str]) -> dict[str, str] | None:
-    out = {}
-    for pair in pairs:
-        role, sep, name = pair.partition("=")
-        if not sep or not role or not name:
-            raise SystemExit(f"capo-trl eval: --column expects ROLE=NAME, got {pair!r}")
-        out[role] = name
-    return out or None
+_EVAL_FLAGS = {"n": "--n", "ks": "--ks", "temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k",
+               "max_new_tokens": "--max-new-tokens", "batch_size": "--batch-size", "backend": "--backend"}
 
 
+@_one_line
 def run_eval(args) -> int:
-    from .data import BenchmarkError, load_benchmark
-    from .evaluation import evaluate
+    import importlib.util
 
-    try:
-        problems = load_benchmark(args.benchmark, split=args.split, limit=args.limit, columns=_columns(args.column),
-                                  template=args.template)
-    except BenchmarkError as err:
-        print(f"capo-trl eval: {err}", file=sys.stderr)
-        return 2
-    result = evaluate(
-        args.model, args.tokenizer, problems, n=args.n, ks=args.ks, temperature=args.temperature,
+    from . import evaluation
+    from .errors import UsageError, check_model_path, check_output_dir
+
+    _quiet(args)
+    # Everything is checked before the model loads: numbers, device, output, data, model path.
+    ks = evaluation.check_settings(n=args.n, ks=args.ks, temperature=args.temperature, top_p=args.top_p,
+                                   top_k=args.top_k, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                                   backend=args.backend, names=_EVAL_FLAGS)
+    _at_least(args.limit, "--limit", what="problems to evaluate")
+    if args.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise UsageError("--backend vllm needs vLLM, which is not installed: pip install 'capo-trl[vllm]' (CUDA "
+                         "only), or use --backend transformers.")
+    _check_device(args.device)
+    out = check_output_dir(args.out, args.overwrite)
+    problems = _load_problems(args.benchmark, split=args.split, limit=args.limit, columns=dict(args.column) or None,
+                              template=args.template)
+    check_model_path(args.model, "--model")
+    if args.tokenizer is not None and not Path(args.tokenizer).expanduser().is_dir():
+        check_model_path(args.tokenizer, "--tokenizer")
+    result = evaluation.evaluate(
+        args.model, args.tokenizer, problems, n=args.n, ks=ks, temperature=args.temperature,
         top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
         backend=args.backend, seed=args.seed, progress=not args.no_progress, device=args.device,
     )
-    paths = result.save(args.out, plots=args.plots)
+    paths = result.save(out, plots=args.plots)
     print(f"{args.benchmark}: {len(problems)} problems x {args.n} samples, temperature {args.temperature}")
     print(result.table())
     print("wrote " + ", ".join(str(p) for p in paths.values()))
@@ -105,13 +191,16 @@ def add_demo_parser(subparsers) -> None:
                     "prints accuracy, pooled and per-question AUROC and ECE on the test split before and after.",
     )
     _add_budget_args(p, steps=200, test_problems=256)
-    p.add_argument("--method", default="capo", help="method preset (see `capo-trl compare --help`)")
+    p.add_argument("--method", default="capo",
+                   help="one method: a preset, optionally amended, e.g. capo:tau=0.5 (see `capo-trl compare --help`)")
     p.set_defaults(func=run_demo)
 
 
+@_one_line
 def run_demo(args) -> int:
     from .compare import demo
 
+    _quiet(args)
     demo(_budget(args, val_every=max(1, args.steps // 2), val_problems=32), method=args.method)
     return 0
 
@@ -122,13 +211,18 @@ def add_compare_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "compare", help="train several methods side by side on identical data, seeds and budget",
         description="Every method is a preset of CAPOConfig overrides, optionally amended with :field=value "
-                    f"(presets: {', '.join(sorted(PRESETS))}). Writes DIR/report.md, metrics.csv, final.csv, "
-                    "summary.json, val_curves.png and precision_coverage.png.",
+                    f"(presets: {', '.join(sorted(PRESETS))}); all are checked before anything trains. Writes "
+                    "DIR/report.md, metrics.csv, final.csv, summary.json, val_curves.png and precision_coverage.png, "
+                    "and each finished run at once to DIR/runs/<method>-seed<k>/result.json: rerunning the same "
+                    "command on the same DIR resumes an interrupted comparison (only missing runs train).",
     )
     p.add_argument("--methods", default="grpo,capo", help="comma-separated, e.g. grpo,capo,capo:tau=0.5")
     p.add_argument("--seeds", type=int, default=3, help="number of seeds per method")
     p.add_argument("--first-seed", type=int, default=0, help="seeds are first-seed .. first-seed + seeds - 1")
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--out", required=True,
+                   help="output directory: new, empty, or one this command wrote (resumed)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start again in a non-empty --out: forget its saved runs (other files are kept)")
     p.add_argument("--val-every", type=int, default=25, help="validation every N steps")
     p.add_argument("--val-problems", type=int, default=64)
     p.add_argument("--val-samples", type=int, default=4)
@@ -137,17 +231,15 @@ def add_compare_parser(subparsers) -> None:
     p.set_defaults(func=run_compare)
 
 
+@_one_line
 def run_compare(args) -> int:
     from .compare import compare, parse_methods
 
-    try:
-        methods = parse_methods(args.methods)
-    except ValueError as err:
-        print(f"capo-trl compare: {err}", file=sys.stderr)
-        return 2
+    _quiet(args)
+    methods = parse_methods(args.methods)
     budget = _budget(args, val_every=args.val_every, val_problems=args.val_problems, val_samples=args.val_samples,
                      learning_rate=args.learning_rate)
-    summary = compare(methods, args.seeds, args.out, budget, first_seed=args.first_seed)
+    summary = compare(methods, args.seeds, args.out, budget, first_seed=args.first_seed, overwrite=args.overwrite)
     print((Path(args.out) / "report.md").read_text())
     return 0 if summary else 1
 
@@ -157,45 +249,70 @@ def add_calibrate_mask_parser(subparsers) -> None:
         "calibrate-mask", help="measure tau and the noise-mask thresholds for a reference model",
         description="Samples the reference model on training prompts and prints the paper's quartile-rule "
                     "ref_high/ref_low, the within-group spread of the score s (a suggested absolute tau), and "
-                    "the reference's own AUROC (is it calibrated enough for the mask to mean anything?).",
+                    "the reference's own AUROC (is it calibrated enough for the mask to mean anything?). "
+                    "Exits 1, writing nothing, when a value cannot be measured on the sample.",
     )
     p.add_argument("--model", default=None, help="reference model directory (default: the embedded model)")
     p.add_argument("--benchmark", default="arithmetic-train",
                    help="training prompts: a registered name or a local file (default: the arithmetic train split)")
+    _add_data_args(p)
     p.add_argument("--limit", type=int, default=128, help="number of prompts")
-    p.add_argument("--n", type=int, default=8, help="samples per prompt (the group size you train with)")
+    p.add_argument("--n", type=int, default=8, help="samples per prompt (the group size you train with; >= 2)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: 48 for arithmetic, else 1024")
     p.add_argument("--template", default=None, choices=["qwen_math", "plain", "raw"])
     p.add_argument("--write-config", default=None, metavar="YAML",
-                   help="write tau, ref_high and ref_low into this YAML config (created or updated)")
+                   help="set tau, tau_mode, ref_high, ref_low and ref_thresholds in this YAML recipe (created if "
+                        "missing; only those lines change, comments are kept)")
     p.set_defaults(func=run_calibrate_mask)
 
 
+@_one_line
 def run_calibrate_mask(args) -> int:
-    import yaml
+    from . import compare as harness
+    from .data import arithmetic_dataset, embedded_model_path
+    from .errors import UsageError, check_model_path
 
-    from .compare import calibrate_mask
-    from .data import BenchmarkError, arithmetic_dataset, embedded_model_path, load_benchmark
-
+    _at_least(args.limit, "--limit", what="number of prompts")
+    _at_least(args.n, "--n", what="samples per prompt")
+    _at_least(args.max_new_tokens, "--max-new-tokens")
+    if args.n == 1:
+        raise UsageError("--n 1 gives no within-group spread, tau cannot be measured: use --n >= 2 (the group size "
+                         "you train with).")
+    if args.model is not None:
+        check_model_path(args.model, "--model")
+    path = Path(args.write_config) if args.write_config else None
+    text = harness.read_recipe(path) if path else None
     arithmetic = args.benchmark == "arithmetic-train"
-    try:
-        problems = (arithmetic_dataset("train", args.limit) if arithmetic
-                    else load_benchmark(args.benchmark, limit=args.limit, template=args.template))
-    except BenchmarkError as err:
-        print(f"capo-trl calibrate-mask: {err}", file=sys.stderr)
-        return 2
+    if arithmetic:
+        for flag, value in (("--split", args.split), ("--column", args.column)):
+            if value:
+                raise UsageError(f"{flag} does not apply to arithmetic-train (the embedded task's train split); for "
+                                 "another split use --benchmark arithmetic --split NAME.")
+        problems = arithmetic_dataset("train", args.limit)
+    else:
+        problems = _load_problems(args.benchmark, split=args.split, limit=args.limit,
+                                  columns=dict(args.column) or None, template=args.template)
     max_new = args.max_new_tokens or (48 if arithmetic else 1024)
-    report = calibrate_mask(args.model or embedded_model_path(), None, problems, n=args.n, max_new_tokens=max_new)
+    report = harness.calibrate_mask(args.model or embedded_model_path(), None, problems, n=args.n,
+                                    max_new_tokens=max_new)
     for key, value in report.items():
         print(f"{key:>22}: {value}")
-    if args.write_config:
-        path = Path(args.write_config)
-        config = yaml.safe_load(path.read_text()) if path.exists() else {}
-        config = config or {}
-        config.update(tau=round(report["tau"], 6), tau_mode="absolute", ref_high=round(report["ref_high"], 6),
-                      ref_low=round(report["ref_low"], 6), ref_thresholds="fixed")
-        path.write_text(yaml.safe_dump(config, sort_keys=False))
-        print(f"wrote tau, ref_high, ref_low to {path}")
+    reasons = harness.unmeasured(report)
+    if reasons:
+        tail = f"; nothing written to {path}" if path else ""
+        for reason in reasons:
+            print(f"capo-trl calibrate-mask: {reason}{tail}", file=sys.stderr)
+        return 1
+    if path:
+        values = {"tau": float(f"{report['tau']:.6g}"), "tau_mode": "absolute",
+                  "ref_high": float(f"{report['ref_high']:.6g}"), "ref_low": float(f"{report['ref_low']:.6g}"),
+                  "ref_thresholds": "fixed"}
+        updated = harness.update_recipe(text, values, path)
+        try:
+            path.write_text(updated, encoding="utf-8")
+        except OSError as err:
+            raise UsageError(f"--write-config {path}: cannot write it ({err.strerror}); give a writable path.") from err
+        print(f"wrote tau, tau_mode, ref_high, ref_low, ref_thresholds to {path}")
     return 0
 
 

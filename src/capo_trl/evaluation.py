@@ -22,12 +22,14 @@ import torch
 from tqdm.auto import tqdm
 
 from . import calibration as cal
+from .errors import UsageError
 from .reference import RolloutLogprobRecorder
 from .scaling import best_of_n, cluster_answers, majority_vote, perplexity_consistency, reasoning_pruned_consistency
 
-__all__ = ["EvalResult", "evaluate", "default_ks", "compute_metrics"]
+__all__ = ["EvalResult", "evaluate", "check_settings", "default_ks", "compute_metrics"]
 
 _GRADE_CHUNK = 256  # completions per grader call: keeps the progress bar moving
+PLOT_FILES = ("precision_coverage.png", "reliability.png")
 
 
 def default_ks(n: int) -> list[int]:
@@ -76,7 +78,11 @@ class EvalResult:
         return "\n".join(lines)
 
     def save(self, out_dir, plots: bool = False) -> dict[str, Path]:
-        """Write ``report.json`` and ``samples.csv`` (and PNG plots when asked); returns the paths."""
+        """Write ``report.json`` and ``samples.csv`` (and PNG plots when asked); returns the paths.
+
+        Files of an earlier report in ``out_dir`` are replaced as a set: without ``plots``, its
+        PNGs are removed. Other files are left alone (the CLI refuses a non-empty directory
+        unless ``--overwrite``)."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         paths = {"report": out / "report.json", "samples": out / "samples.csv"}
@@ -90,6 +96,9 @@ class EvalResult:
         if plots:
             paths["precision_coverage"] = _plot_precision_coverage(self, out / "precision_coverage.png")
             paths["reliability"] = _plot_reliability(self, out / "reliability.png")
+        else:  # plots of an earlier report saved here would describe another result
+            for name in PLOT_FILES:
+                (out / name).unlink(missing_ok=True)
         return paths
 
 
@@ -146,18 +155,58 @@ def _json_safe(x):
 
 
 # ------------------------------------------------------------------------------------ inputs
+def check_settings(n: int, ks: list[int] | None = None, temperature: float = 1.0, top_p: float = 1.0,
+                   top_k: int = 0, max_new_tokens: int = 1024, batch_size: int = 64, backend: str = "transformers",
+                   names: dict[str, str] | None = None) -> list[int]:
+    """Check the sampling settings of :func:`evaluate` (cheap: call it before loading any model).
+
+    Returns the sorted ks (the default ones when ``ks`` is None). Raises a
+    :class:`~capo_trl.errors.UsageError` naming the setting as ``names`` spells it (the CLI
+    passes its flags, e.g. ``{"n": "--n"}``; default: ``evaluate(n=...)``).
+    """
+    def name(key: str) -> str:
+        return (names or {}).get(key) or f"evaluate({key}=...)"
+
+    def number(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+    for key, value in (("n", n), ("max_new_tokens", max_new_tokens), ("batch_size", batch_size)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise UsageError(f"{name(key)} must be an integer >= 1, got {value!r}.")
+    if not number(temperature) or temperature < 0:
+        raise UsageError(f"{name('temperature')} must be >= 0 (0 is greedy decoding), got {temperature!r}.")
+    if not number(top_p) or not 0 < top_p <= 1:
+        raise UsageError(f"{name('top_p')} must be in (0, 1] (1 disables nucleus sampling), got {top_p!r}.")
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0:
+        raise UsageError(f"{name('top_k')} must be an integer >= 0 (0 disables top-k), got {top_k!r}.")
+    if backend not in ("transformers", "vllm"):
+        raise UsageError(f"{name('backend')}={backend!r}; expected 'transformers' or 'vllm'.")
+    ks = sorted(set(ks or default_ks(n)))
+    if ks[0] < 1 or ks[-1] > n:
+        raise UsageError(f"{name('ks')}: every k must be in [1, {name('n')} = {n}], got {ks}; lower the k values "
+                         f"or raise {name('n')}.")
+    return ks
+
+
 def _as_problems(problems) -> list[dict]:
     """Dataset or list of dicts -> ``[{"prompt", "answer", "id"}]`` with unique string ids."""
     rows = [dict(r) for r in problems]
     if not rows:
-        raise ValueError("evaluate: no problems given.")
+        raise UsageError("evaluate: no problems given.")
     missing = [k for k in ("prompt", "answer") if k not in rows[0]]
     if missing:
-        raise ValueError(f"evaluate: problems need 'prompt' and 'answer' fields, missing {missing} "
+        raise UsageError(f"evaluate: problems need 'prompt' and 'answer' fields, missing {missing} "
                          "(capo_trl.data.load_benchmark returns them).")
     out = [{"prompt": r["prompt"], "answer": r["answer"], "id": str(r.get("id", i))} for i, r in enumerate(rows)]
-    if len({r["id"] for r in out}) != len(out):
-        raise ValueError("evaluate: problem ids must be unique (per-question metrics group by id).")
+    seen, repeated = set(), []
+    for r in out:
+        if r["id"] in seen and r["id"] not in repeated:
+            repeated.append(r["id"])
+        seen.add(r["id"])
+    if repeated:
+        shown = ", ".join(repr(i) for i in repeated[:5]) + (", ..." if len(repeated) > 5 else "")
+        raise UsageError(f"evaluate: problem ids must be unique (per-question metrics group by id); repeated: {shown}. "
+                         "Fix the id column, or map another column to the id role.")
     return out
 
 
@@ -278,19 +327,16 @@ def evaluate(model, tokenizer, problems, n: int = 16, *, ks: list[int] | None = 
 
     ``model``/``tokenizer``: objects or paths (tokenizer None: the model path's). ``problems``: a
     dataset or list of dicts with ``prompt`` (text or chat messages), ``answer`` (gold, or list of
-    acceptable golds), optional ``id``. ``batch_size``: sequences per ``generate`` call. ``grader``: anything with ``grade(texts, golds)``, ``extract(texts)`` and
+    acceptable golds), optional ``id``. ``batch_size``: sequences per ``generate`` call.
+    ``grader``: anything with ``grade(texts, golds)``, ``extract(texts)`` and
     ``equivalent(a, b)``, by default a :class:`~capo_trl.rewards.MathReward`. ``temperature=0``
     is greedy (log-probs at T = 1). ``seed`` seeds sampling in a forked RNG, so the caller's
     random stream (a training run's) is left untouched. ``backend="vllm"`` needs vLLM and a path.
+    Bad settings or problems raise a :class:`~capo_trl.errors.UsageError` (a ValueError) before
+    any model is loaded (:func:`check_settings`).
     """
-    if n < 1 or max_new_tokens < 1 or batch_size < 1:
-        raise ValueError(f"evaluate: n, max_new_tokens and batch_size must be >= 1, got {n}, {max_new_tokens}, "
-                         f"{batch_size}.")
-    if backend not in ("transformers", "vllm"):
-        raise ValueError(f"evaluate: backend={backend!r}; expected 'transformers' or 'vllm'.")
-    ks = sorted({k for k in (ks or default_ks(n))})
-    if ks[0] < 1 or ks[-1] > n:
-        raise ValueError(f"evaluate: every k must be in [1, n={n}], got {ks}.")
+    ks = check_settings(n=n, ks=ks, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
+                        batch_size=batch_size, backend=backend)
     rows = _as_problems(problems)
     settings = dict(n=n, ks=ks, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
                     backend=backend, seed=seed,
