@@ -220,20 +220,23 @@ def test_quartile_thresholds_follow_the_paper_rule():
     assert all(math.isnan(v) for v in quartile_thresholds(torch.ones(3), torch.ones(3))[1:])
 
 
-def test_registry_rejects_duplicates_and_capo_estimator_logs_tau():
+def test_registry_rejects_duplicates_and_capo_method_logs_tau():
     from types import SimpleNamespace
 
-    from capo_trl.advantages import ESTIMATORS, AdvantageInputs, register_estimator
+    from capo_trl.methods import CAPO, GRPO, AdvantageInputs, Method, register_method
+
+    class Other(Method):
+        name = "capo"
 
     with pytest.raises(ValueError, match="already registered"):
-        register_estimator("capo")(lambda batch: (batch.rewards, {}))
+        register_method(Other)
     cfg = SimpleNamespace(tau=0.6, tau_mode="absolute", advantage_normalization="group", surrogate="logistic",
                           advantage_scale="paper")
-    adv, metrics = ESTIMATORS["capo"](AdvantageInputs(R, S, 5, torch.zeros(5), cfg))
+    adv, metrics = CAPO(cfg).advantages(AdvantageInputs(R, S, 5, torch.zeros(5)))
     torch.testing.assert_close(adv, capo_advantages(R, S, 5, tau=0.6))
     assert metrics == {"capo/tau": 0.6}
     trl = torch.randn(5)
-    assert ESTIMATORS["grpo"](AdvantageInputs(R, S, 5, trl, cfg))[0] is trl
+    assert GRPO(cfg).advantages(AdvantageInputs(R, S, 5, trl))[0] is trl
 
 
 def test_matched_scale_keeps_grpo_step_size_and_zero_sum():

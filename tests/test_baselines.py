@@ -9,28 +9,19 @@ from tiny import build_tokenizer, digit_reward, tiny_dataset
 from trl import GRPOTrainer
 
 from capo_trl import CAPOConfig, CAPOTrainer
-from capo_trl.advantages import ESTIMATORS, AdvantageInputs
-from capo_trl.baselines import (
-    BaselineConfig,
-    CoDaPOReplay,
-    c2gspg_advantages,
-    c2gspg_loss,
-    cde_omega,
-    cde_rewards,
-    codapo_replay_groups,
-    codapo_weights,
+from capo_trl.methods import BUILTIN, DCPO, METHODS, RLCR, AdvantageInputs
+from capo_trl.methods.base import Verbalized, token_start, verbalized_inputs
+from capo_trl.methods.c2gspg import c2gspg_advantages, c2gspg_loss
+from capo_trl.methods.cde import cde_omega, cde_rewards
+from capo_trl.methods.codapo import CoDaPOReplay, codapo_replay_groups, codapo_weights
+from capo_trl.methods.simko import simko_token_logps
+from capo_trl.methods.verbalized import (
     dcpo_calibration_rewards,
     dcpo_token_advantages,
-    rlcr_rewards,
-    simko_token_logps,
-)
-from capo_trl.estimators.verbalized import (
-    Verbalized,
     parse_dcpo_confidence,
     parse_rlcr,
-    token_start,
+    rlcr_rewards,
     verbalized_calibration,
-    verbalized_inputs,
 )
 
 NAN = float("nan")
@@ -47,13 +38,19 @@ def batch(rewards, scores=None, G=4, step=0, trl=None, **kw):
     scores = torch.zeros_like(rewards) if scores is None else torch.tensor(scores, dtype=torch.float32)
     cfg = CAPOConfig(**BASE, **kw.pop("cfg", {}))
     trl = torch.zeros_like(rewards) if trl is None else torch.tensor(trl, dtype=torch.float32)
-    return AdvantageInputs(rewards=rewards, scores=scores, num_generations=G, trl_advantages=trl, config=cfg,
-                           step=step, scale_rewards="group", **kw)
+    return AdvantageInputs(rewards=rewards, scores=scores, num_generations=G, trl_advantages=trl, step=step,
+                           scale_rewards="group", **kw), cfg
+
+
+def estimate(name, inputs_and_config):
+    """A built-in method's advantages for one batch, the method built from the batch's config."""
+    inputs, cfg = inputs_and_config
+    return METHODS[name](cfg).advantages(inputs)
 
 
 # ---------------------------------------------------------------------------------------- Dr. GRPO
 def test_dr_grpo_is_reward_minus_group_mean():
-    adv, _ = ESTIMATORS["dr_grpo"](batch([1, 1, 0, 0, 1, NAN, 0, 0, 1, 1, 1, 1], G=4))
+    adv, _ = estimate("dr_grpo", batch([1, 1, 0, 0, 1, NAN, 0, 0, 1, 1, 1, 1], G=4))
     close(adv, [0.5, 0.5, -0.5, -0.5, 2 / 3, 0, -1 / 3, -1 / 3, 0, 0, 0, 0])  # NaN row 0; all-correct group 0
 
 
@@ -64,7 +61,7 @@ def test_codapo_weights_and_advantages_by_hand():
     # group 0: d = 0.5, d_w = 1, c = e^-0.5; group 1: d = 0.25, d_w = 0.75, c = e^-1; group 2: all correct, d_w = 0
     close(codapo_weights(correct, scores, 4), [math.exp(-0.5) + 0.1, 0.75 * math.exp(-1) + 0.1, 0.1])
     trl = [1, 1, -1, -1, 0.5, 0.5, 0.5, -1.5, 0, 0, 0, 0]
-    adv, metrics = ESTIMATORS["codapo"](batch(correct.tolist(), scores.tolist(), trl=trl))
+    adv, metrics = estimate("codapo", batch(correct.tolist(), scores.tolist(), trl=trl))
     w0, w1 = math.exp(-0.5) + 0.1, 0.75 * math.exp(-1) + 0.1
     close(adv, [w0, w0, -w0, -w0, 0.5 * w1, 0.5 * w1, 0.5 * w1, -1.5 * w1, 0, 0, 0, 0])
     assert metrics["codapo/weight_mean"] == pytest.approx((w0 + w1 + 0.1) / 3)
@@ -84,18 +81,25 @@ def test_codapo_replay_selection_and_refill():
     assert codapo_replay_groups(torch.tensor([NAN, NAN]), 2) == []
 
 
+def observe(replay, rewards, scores, rows):
+    return replay.observe(AdvantageInputs(torch.tensor(rewards), torch.tensor(scores), 2, torch.zeros(len(rewards))),
+                          rows)
+
+
 def test_codapo_replay_queue_defers_instead_of_dropping():
     replay = CoDaPOReplay(num_generations=2, percentile=0.5, repeat=2)
     a = ["a0", "a0", "a1", "a1"]
     assert replay.next_batch(a) == a and not replay.replaying
     # group 0 (mixed, confident) outweighs group 1 (all wrong): replay group 0 twice
-    assert replay.observe(torch.tensor([1.0, 0, 0, 0]), torch.tensor([-0.1, -0.1, -0.1, -0.1]), a) == 1
+    assert observe(replay, [1.0, 0, 0, 0], [-0.1, -0.1, -0.1, -0.1], a) == {"codapo/replay_batch": 0.0,
+                                                                            "codapo/selected_questions": 1.0}
     b, c = ["b0", "b0", "b1", "b1"], ["c0", "c0", "c1", "c1"]
     assert replay.next_batch(b) == ["a0", "a0", "a0", "a0"] and replay.replaying
-    assert replay.observe(torch.tensor([1.0, 0, 1, 0]), torch.zeros(4), ["a0"] * 4) == 0  # replays are not replayed
+    assert observe(replay, [1.0, 0, 1, 0], [0.0] * 4, ["a0"] * 4) == {  # replays are not replayed
+        "codapo/replay_batch": 1.0, "codapo/selected_questions": 0.0}
     assert replay.next_batch(c) == b and not replay.replaying  # the deferred batch comes next, then c
     two_procs = CoDaPOReplay(num_generations=2, percentile=0.0, repeat=1)
-    two_procs.observe(torch.tensor([1.0, 0, 1, 0]), torch.zeros(4), a)
+    observe(two_procs, [1.0, 0, 1, 0], [0.0] * 4, a)
     assert two_procs.next_batch(["x", "x"], process_index=1) == ["a1", "a1"]  # each process takes its slice
 
 
@@ -109,7 +113,7 @@ def test_cde_rewards_by_hand():
     # r = +-1; bonus = min(1/kappa, alpha * -s): min(0.25, 0.1) and min(0.25, 1.0)
     close(cde_rewards(torch.tensor([1.0, 0, NAN, 1]), torch.tensor([-0.2, -2.0, -1, NAN]), 0.5, 4.0, 0.5),
           [1.05, -0.875, NAN, 1.0])  # NaN reward stays NaN; no score, no bonus
-    adv, metrics = ESTIMATORS["cde"](batch([1, 0, 1, 1], [-0.2, -2.0, -1, -1], G=4, step=200))
+    adv, metrics = estimate("cde", batch([1, 0, 1, 1], [-0.2, -2.0, -1, -1], G=4, step=200))
     assert metrics["cde/omega"] == 0.0  # annealed away: plain GRPO on +-1 rewards
     close(adv, torch.tensor([0.5, -1.5, 0.5, 0.5]) / (1.0 + 1e-4))  # group std of [1, -1, 1, 1] is 1
 
@@ -158,7 +162,7 @@ def test_rlcr_parsing():
 
 
 def test_rlcr_reward_function_grades_the_answer_tag():
-    from capo_trl.baselines import RLCRReward
+    from capo_trl.methods.verbalized import RLCRReward
     from capo_trl.rewards import MathReward
 
     texts = ["<think>t</think><answer>4</answer><analysis>a</analysis><confidence>0.8</confidence>",
@@ -182,7 +186,7 @@ def test_dcpo_per_token_advantages():
     span = torch.tensor([[0, 0, 1, 1], [0, 0, 0, 1]], dtype=torch.bool)
     close(dcpo_token_advantages(torch.tensor([1.0, -1]), torch.tensor([0.5, -0.25]), span),
           [[1, 1, 0.5, 0.5], [-1, -1, -1, -0.25]])
-    adv, metrics = ESTIMATORS["dcpo"](batch([1, 0], G=2, confidence=torch.tensor([0.9, NAN]),
+    adv, metrics = estimate("dcpo", batch([1, 0], G=2, confidence=torch.tensor([0.9, NAN]),
                                             format_ok=torch.tensor([True, False]), confidence_mask=span))
     a_r = 0.5 / (math.sqrt(0.5) + 1e-4)
     r_c = torch.tensor([-0.15, -1.25])  # R_IG = [0.75, 0.25]
@@ -293,8 +297,9 @@ def test_method_constraints_and_help():
         CAPOConfig(advantage_estimator="simko", importance_sampling_level="sequence", **BASE)
     with pytest.raises(ValueError, match="beta"):
         CAPOConfig(advantage_estimator="c2gspg", beta=0.1, **BASE)
-    mine = {f.name for f in fields(BaselineConfig)} - {f.name for f in fields(BaselineConfig.__mro__[1])}
-    assert len(mine) == 19 and all(f.metadata.get("help") for f in fields(BaselineConfig) if f.name in mine)
+    mine = [f for m in BUILTIN if m.Args is not None and m.name != "capo" for f in fields(m.Args)]
+    assert len(mine) == 19 and all(f.metadata.get("help") for f in mine)
+    assert {f.name for f in mine} <= {f.name for f in fields(CAPOConfig)}  # every one is a CAPOConfig field
     for name in ("dr_grpo", "codapo", "cde", "c2gspg", "simko", "rlcr", "dcpo"):
         assert CAPOConfig(advantage_estimator=name, **BASE).noise_mask is False
 
@@ -343,7 +348,7 @@ def test_rlcr_without_the_format_gets_no_signal_and_with_it_trains(tiny_model_di
     assert train_and_check(trainer, must_change=False) == []  # a random model never writes the tags: reward 0
     assert set(logged(trainer, "rlcr/format_rate")) == {0.0}
     # pretend every completion states confidence 0.5 in the right format: now the Brier term separates them
-    monkeypatch.setattr(ESTIMATORS["rlcr"], "parse_confidence", lambda text: Verbalized(0.5, 0, True))
+    monkeypatch.setattr(RLCR, "parse_confidence", staticmethod(lambda text: Verbalized(0.5, 0, True)))
     trained = make(tiny_model_dir, tmp_path / "stated", "rlcr")
     train_and_check(trained)
     assert set(logged(trained, "rlcr/format_rate")) == {1.0}
@@ -354,7 +359,7 @@ def test_dcpo_sends_per_token_advantages_with_the_block_span(tiny_model_dir, tmp
     def stated(text):
         return Verbalized(0.9, max(0, len(text) - 2), True) if text else Verbalized(None, None, False)
 
-    monkeypatch.setattr(ESTIMATORS["dcpo"], "parse_confidence", stated)
+    monkeypatch.setattr(DCPO, "parse_confidence", staticmethod(stated))
     trainer = make(tiny_model_dir, tmp_path, "dcpo", max_steps=2)
     seen, original = [], trainer._generate_and_score_completions
 

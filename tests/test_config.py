@@ -40,13 +40,24 @@ def test_invalid_values_name_the_field(field, value, fragment):
     assert field in str(err.value)
 
 
+def grpo_fields() -> set[str]:
+    from dataclasses import fields
+
+    from trl import GRPOConfig
+
+    return {f.name for f in fields(GRPOConfig)}
+
+
 def test_help_metadata_for_every_new_field():
     from dataclasses import fields
 
-    new = {f.name: f for f in fields(CAPOConfig)} .keys() - {f.name for f in fields(CAPOConfig.__mro__[1])}
+    from capo_trl.methods import BUILTIN
+
+    baselines = {f.name for m in BUILTIN if m.Args is not None and m.name != "capo" for f in fields(m.Args)}
+    new = {f.name for f in fields(CAPOConfig)} - grpo_fields() - baselines
     assert new == {"advantage_estimator", "tau", "advantage_normalization", "surrogate", "noise_mask",
                    "ref_high", "ref_low", "correct_threshold", "ref_cache_size", "tau_mode", "advantage_scale",
-                   "ref_thresholds", "ref_calibration_steps"}
+                   "ref_thresholds", "ref_calibration_steps", "method_kwargs"}
     for f in fields(CAPOConfig):
         if f.name in new:
             assert f.metadata.get("help"), f.name
@@ -56,11 +67,12 @@ def test_docs_config_table_lists_every_capo_field():
     from dataclasses import fields
     from pathlib import Path
 
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "config.md").read_text()
-    base = {f.name for f in fields(CAPOConfig.__mro__[1])}
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    doc = (docs / "config.md").read_text() + (docs / "baselines.md").read_text()
+    base = grpo_fields()
     for f in fields(CAPOConfig):
         if f.name not in base:
-            assert f"`{f.name}`" in doc, f"docs/config.md does not document {f.name}"
+            assert f"`{f.name}`" in doc, f"neither docs/config.md nor docs/baselines.md documents {f.name}"
 
 
 def test_noise_mask_refuses_a_moving_reference():

@@ -67,7 +67,7 @@ def test_resume_equals_uninterrupted(setting, tiny_model_dir, tmp_path):
     if setting == "mask-auto":
         assert stopped._measured_thresholds is not None  # there is state to lose
     if setting == "codapo-replay":
-        assert stopped._codapo_replay.state_dict() != {"pending": None, "deferred": [], "replaying": False}
+        assert stopped._method_state.state_dict() != {"pending": None, "deferred": [], "replaying": False}
 
     resumed = make(tiny_model_dir, tmp_path / "stopped", **overrides)
     resumed.train(resume_from_checkpoint=True)

@@ -94,8 +94,8 @@ def test_recorded_rollout_logps_equal_a_forward(tiny_model_dir, tmp_path):
     seen = {}
     original = CAPOTrainer._rollout_scores
 
-    def spy(self, out, loss_mask):
-        seen["recorded"] = original(self, out, loss_mask)
+    def spy(self, out, loss_mask, record):
+        seen["recorded"] = original(self, out, loss_mask, record)
         seen["forward"] = mean_of(self._forward_logps(self.model, out), loss_mask)
         return seen["recorded"]
 
@@ -104,7 +104,7 @@ def test_recorded_rollout_logps_equal_a_forward(tiny_model_dir, tmp_path):
     trainer._rollout_scores = spy.__get__(trainer)
     assert trainer._records_rollout_logps()
     trainer.train()
-    assert trainer._rollout_logps is not None
+    assert trainer._record.rollout_logps is not None
     torch.testing.assert_close(seen["recorded"], seen["forward"], atol=1e-4, rtol=1e-4)
 
 

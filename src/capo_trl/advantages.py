@@ -14,11 +14,6 @@ Conventions shared by every function:
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
-
 import torch
 from trl.trainer.utils import nanstd
 
@@ -117,9 +112,7 @@ def within_group_std(rewards: torch.Tensor, scores: torch.Tensor, num_generation
     s = _grouped(scores.to(R.device, torch.float32), num_generations, "scores")
     valid = torch.isfinite(R) & torch.isfinite(s)
     n = valid.sum(dim=1)
-    r_valid = torch.where(valid, R, float("nan"))
-    mixed = (torch.nan_to_num(r_valid, nan=-float("inf")).amax(1) > torch.nan_to_num(r_valid, nan=float("inf")).amin(1))
-    mixed &= n >= 2
+    mixed = mixed_groups(rewards, valid.reshape(-1), num_generations) & (n >= 2)
     if not bool(mixed.any()):
         return torch.tensor(float("nan"))
     s0 = torch.where(valid, s, 0.0)
@@ -195,72 +188,6 @@ def mean_token_logprob(per_token_logps: torch.Tensor, mask: torch.Tensor) -> tor
     return torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, float("nan")))
 
 
-# --------------------------------------------------------------------------------------------
-# Estimator registry: `advantage_estimator` names a function of the global batch.
-# --------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class AdvantageInputs:
-    """What an estimator may use, all on the global batch (contiguous groups of ``num_generations``).
-
-    ``trl_advantages`` are GRPOTrainer's own advantages (its ``scale_rewards`` etc. applied);
-    ``config`` is the `CAPOConfig`; ``step`` the optimizer step the rollout was generated at.
-    Verbalised-confidence estimators (those with a ``parse_confidence`` attribute) also get the stated
-    ``confidence`` (N,) (NaN if none), ``format_ok`` (N,) and ``confidence_mask`` (N, T) of the
-    confidence block's tokens (T = the widest completion over processes).
-    """
-
-    rewards: torch.Tensor
-    scores: torch.Tensor
-    num_generations: int
-    trl_advantages: torch.Tensor
-    config: Any
-    step: int = 0
-    scale_rewards: str = "group"
-    confidence: torch.Tensor | None = None
-    format_ok: torch.Tensor | None = None
-    confidence_mask: torch.Tensor | None = None
-
-
-Estimator = Callable[[AdvantageInputs], "tuple[torch.Tensor, dict[str, float]]"]
-ESTIMATORS: dict[str, Estimator] = {}
-
-
-def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
-    """Register ``fn(AdvantageInputs) -> (advantages (N,) or (N, T), metrics)`` under ``name``."""
-
-    def decorate(fn: Estimator) -> Estimator:
-        if name in ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} is already registered.")
-        ESTIMATORS[name] = fn
-        return fn
-
-    return decorate
-
-
-@register_estimator("grpo")
-def _grpo_estimator(batch: AdvantageInputs):
-    """TRL's advantages, untouched: CAPOTrainer then trains exactly like GRPOTrainer."""
-    return batch.trl_advantages, {}
-
-
-@register_estimator("capo")
-def _capo_estimator(batch: AdvantageInputs):
-    """CAPO with the config's tau mode and scale; logs the temperature actually used."""
-    cfg = batch.config
-    tau = cfg.tau
-    if cfg.tau_mode == "relative":
-        spread = within_group_std(batch.rewards, batch.scores, batch.num_generations).item()
-        if math.isfinite(spread) and spread > 0:  # no mixed group means no pair: any tau gives zero
-            tau = cfg.tau * spread
-    adv = capo_advantages(batch.rewards, batch.scores, batch.num_generations, tau, cfg.advantage_normalization,
-                          cfg.surrogate, cfg.advantage_scale)
-    if cfg.advantage_scale == "bounded":  # on TRL's scale: equals GRPO's advantage as tau grows
-        adv = adv / reward_scale(batch.rewards, batch.num_generations, batch.scale_rewards)
-    elif cfg.advantage_scale == "matched":
-        adv = match_group_l1(adv, batch.trl_advantages, batch.num_generations)
-    return adv, {"capo/tau": tau}
-
-
 def match_group_l1(advantages: torch.Tensor, reference: torch.Tensor, num_generations: int) -> torch.Tensor:
     """Rescale each group so that its total |advantage| equals ``reference``'s (GRPO's).
 
@@ -272,3 +199,27 @@ def match_group_l1(advantages: torch.Tensor, reference: torch.Tensor, num_genera
     ref = _grouped(reference.to(a.device, torch.float32), num_generations, "reference")
     mass, target = a.abs().sum(1, keepdim=True), ref.abs().sum(1, keepdim=True)
     return torch.where(mass > 0, a * target / mass.clamp(min=1e-12), 0.0).reshape(-1)
+
+
+def correctness(rewards: torch.Tensor, threshold: float) -> torch.Tensor:
+    """1/0 correctness (``reward >= threshold``) with NaN kept: unscorable stays unscorable."""
+    r = rewards.float()
+    return torch.where(torch.isnan(r), r, (r >= threshold).float())
+
+
+def group_nanmean(x: torch.Tensor, num_generations: int) -> torch.Tensor:
+    """Per-sample mean of its group, NaN entries left out."""
+    return torch.nanmean(_grouped(x, num_generations, "x"), dim=1).repeat_interleave(num_generations)
+
+
+def mixed_groups(rewards: torch.Tensor, valid: torch.Tensor, num_generations: int,
+                 correct_threshold: float | None = None) -> torch.Tensor:
+    """``(groups,)`` True where the group's valid rows disagree: rewards not all equal or, with
+    ``correct_threshold``, both correct and wrong answers. Only such groups carry pairs (signal)."""
+    R = _grouped(rewards.float(), num_generations, "rewards")
+    if correct_threshold is not None:
+        R = (R >= correct_threshold).float()
+    v = _grouped(valid, num_generations, "valid")
+    high = torch.where(v, R, -float("inf")).amax(1)
+    low = torch.where(v, R, float("inf")).amin(1)
+    return high > low

@@ -1,19 +1,31 @@
-"""`CAPOConfig`: GRPOConfig plus the fields of Calibration-Aware Policy Optimization."""
+"""`CAPOConfig`: GRPOConfig plus the method fields and the noise mask of Calibration-Aware Policy Optimization.
+
+The fields of each built-in method are declared by the method (``methods/<name>.py``, its ``Args``
+dataclass) and mixed in here, so a recipe stays one flat mapping; the mask, the reference cache and
+the choice of method are the trainer's own.
+"""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 
-from .advantages import ESTIMATORS, NORMALIZATIONS, SCALES, SURROGATES
-from .baselines import BaselineConfig  # GRPOConfig + the comparison methods' fields; registers their estimators
+from trl import GRPOConfig
 
-TAU_MODES = ("absolute", "relative")
+from .methods import BUILTIN, resolve_method
+from .methods.c2gspg import C2GSPGArgs
+from .methods.capo import CAPOArgs
+from .methods.cde import CDEArgs
+from .methods.codapo import CoDaPOArgs
+from .methods.simko import SimKOArgs
+from .methods.verbalized import DCPOArgs, RLCRArgs
+
 THRESHOLD_MODES = ("fixed", "auto")
 
 
 @dataclass
-class CAPOConfig(BaselineConfig):
+class CAPOConfig(SimKOArgs, DCPOArgs, RLCRArgs, C2GSPGArgs, CDEArgs, CoDaPOArgs, CAPOArgs, GRPOConfig):
     r"""Configuration for [`CAPOTrainer`]: every [`trl.GRPOConfig`] field plus the CAPO fields below.
 
     Migration from TRL is `s/GRPOConfig/CAPOConfig/`. With `advantage_estimator="grpo"` (and the
@@ -23,7 +35,9 @@ class CAPOConfig(BaselineConfig):
         advantage_estimator (`str`, defaults to `"capo"`):
             `"capo"`: the pairwise, perplexity-aware advantage. `"grpo"`: TRL's own advantages, untouched.
             The methods CAPO is compared with (`"dr_grpo"`, `"codapo"`, `"cde"`, `"c2gspg"`, `"simko"`,
-            `"rlcr"`, `"dcpo"`) and their fields are in `capo_trl.baselines` (docs/baselines.md).
+            `"rlcr"`, `"dcpo"`) are modules of `capo_trl.methods`, their fields in docs/baselines.md. A
+            method of your own is a `capo_trl.methods.Method` subclass named `"package.module:ClassName"`
+            (or registered with `capo_trl.methods.register_method`); see docs/architecture.md.
         tau (`float`, defaults to `0.6`):
             Temperature of the logistic AUC surrogate, in nats of mean token log-prob. The paper uses
             0.6 (1.5B) / 0.5 (7B). It must match the spread of the scores within a group: much larger
@@ -65,27 +79,15 @@ class CAPOConfig(BaselineConfig):
         ref_cache_size (`int`, defaults to `65536`):
             Number of reference scores kept in an LRU cache keyed on prompt+completion token ids, so a
             completion seen again costs no reference forward. `0` disables the cache.
+        method_kwargs (`dict` or `None`, defaults to `None`):
+            Settings of a method defined outside capo-trl, checked against its `Args` dataclass.
     """
 
     advantage_estimator: str = field(
         default="capo",
-        metadata={"help": "Advantage estimator: 'capo' (pairwise perplexity-aware) or 'grpo' (TRL's, untouched).",
-                  "choices": sorted(ESTIMATORS)},
-    )
-    tau: float = field(
-        default=0.6,
-        metadata={"help": "Temperature of the logistic AUC surrogate (> 0), in nats of mean token log-prob. "
-                  "Should match the within-group spread of the scores; paper: 0.6 (1.5B), 0.5 (7B)."},
-    )
-    advantage_normalization: str = field(
-        default="group",
-        metadata={"help": "Divide CAPO advantages by the group size ('group'), the number of pairs ('pairs') or "
-                  "nothing ('none').", "choices": list(NORMALIZATIONS)},
-    )
-    surrogate: str = field(
-        default="logistic",
-        metadata={"help": "Pairwise surrogate: 'logistic' (CAPO) or 'linear' (equals Dr. GRPO; ablation).",
-                  "choices": list(SURROGATES)},
+        metadata={"help": "The method: 'capo' (pairwise perplexity-aware), 'grpo' (TRL's advantages, untouched), a "
+                  "baseline (dr_grpo, codapo, cde, c2gspg, simko, rlcr, dcpo), or your own Method subclass as "
+                  "'package.module:ClassName'."},
     )
     noise_mask: bool | None = field(
         default=None,
@@ -103,17 +105,6 @@ class CAPOConfig(BaselineConfig):
         default=0.5,
         metadata={"help": "A completion is correct when its total reward is >= this value."},
     )
-    tau_mode: str = field(
-        default="absolute",
-        metadata={"help": "'absolute' (tau in nats, the paper) or 'relative' (tau times the within-group std "
-                  "of the scores over mixed groups of the batch).", "choices": list(TAU_MODES)},
-    )
-    advantage_scale: str = field(
-        default="paper",
-        metadata={"help": "'paper' (keeps the 1/tau factor) or 'bounded' (times 2*tau, divided by the "
-                  "scale_rewards std: pair weights in (0, 2), GRPO's advantage as tau grows) or 'matched' (each group "
-                  "rescaled to GRPO's total |advantage|).", "choices": list(SCALES)},
-    )
     ref_thresholds: str = field(
         default="fixed",
         metadata={"help": "'fixed' (ref_high/ref_low as given) or 'auto' (quartile rule measured on the first "
@@ -127,33 +118,39 @@ class CAPOConfig(BaselineConfig):
         default=65536,
         metadata={"help": "Entries of the LRU cache of reference scores (0 disables it)."},
     )
+    method_kwargs: dict | str | None = field(
+        default=None,
+        metadata={"help": "Settings of a method defined outside capo-trl (its Args dataclass), as a mapping (or a "
+                  "JSON string on the command line). Built-in methods take their settings as CAPOConfig fields."},
+    )
 
     def __post_init__(self):
+        if isinstance(self.method_kwargs, str):  # from the command line
+            try:
+                self.method_kwargs = json.loads(self.method_kwargs)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"CAPOConfig.method_kwargs={self.method_kwargs!r} is not a JSON mapping: {err}.") from err
+        if self.method_kwargs is not None and not isinstance(self.method_kwargs, dict):
+            raise ValueError(f"CAPOConfig.method_kwargs={self.method_kwargs!r} must be a mapping of setting: value.")
+        method = resolve_method(self.advantage_estimator)
+        for builtin in BUILTIN:  # their fields exist on every config: a bad value is an error whichever runs
+            builtin.bind_args(self)
         self._validate_capo_fields()
         if self.noise_mask is None:
-            self.noise_mask = self.advantage_estimator == "capo"
+            self.noise_mask = method.default_noise_mask
         super().__post_init__()
+        method(self)  # the selected method's own constraints on other fields (loss_type, beta, ...)
 
     def _validate_capo_fields(self) -> None:
         def bad(name, allowed):
             return ValueError(f"CAPOConfig.{name}={getattr(self, name)!r} is invalid; {allowed}.")
 
-        if self.advantage_estimator not in ESTIMATORS:
-            raise bad("advantage_estimator", f"choose one of {sorted(ESTIMATORS)}")
-        if self.advantage_normalization not in NORMALIZATIONS:
-            raise bad("advantage_normalization", f"choose one of {NORMALIZATIONS}")
-        if self.surrogate not in SURROGATES:
-            raise bad("surrogate", f"choose one of {SURROGATES}")
-        if self.tau_mode not in TAU_MODES:
-            raise bad("tau_mode", f"choose one of {TAU_MODES}")
-        if self.advantage_scale not in SCALES:
-            raise bad("advantage_scale", f"choose one of {SCALES}")
         if self.ref_thresholds not in THRESHOLD_MODES:
             raise bad("ref_thresholds", f"choose one of {THRESHOLD_MODES}")
         steps = self.ref_calibration_steps
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
             raise bad("ref_calibration_steps", "it must be an integer >= 1")
-        for name in ("tau", "ref_high", "ref_low"):
+        for name in ("ref_high", "ref_low"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
                 raise bad(name, "it must be a finite number > 0")
@@ -166,7 +163,8 @@ class CAPOConfig(BaselineConfig):
             raise bad("correct_threshold", "it must be a finite number")
         if self.noise_mask not in (None, True, False):
             raise bad("noise_mask", "use true, false, or leave it unset")
-        mask_on = self.noise_mask if self.noise_mask is not None else self.advantage_estimator == "capo"
+        mask_on = self.noise_mask if self.noise_mask is not None else resolve_method(
+            self.advantage_estimator).default_noise_mask
         if mask_on and getattr(self, "sync_ref_model", False):
             raise ValueError(
                 "CAPOConfig.sync_ref_model=True moves the reference model during training, but the noise mask "

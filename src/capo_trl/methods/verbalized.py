@@ -1,6 +1,7 @@
-"""Verbalised confidence (RLCR, DCPO): parsing, token spans, reward functions, evaluation.
+"""Verbalised confidence (RLCR, DCPO): the two methods, parsing, token spans, reward functions, evaluation.
 
-Pure string/list work plus two TRL reward functions built on :class:`~capo_trl.rewards.MathReward`.
+Pure string/list work, the methods' math, and two TRL reward functions built on
+:class:`~capo_trl.rewards.MathReward`.
 Formats (``docs/baselines.md``):
 
 * RLCR: ``<think>..</think><answer>..</answer><analysis>..</analysis><confidence>q</confidence>``,
@@ -14,11 +15,16 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+
+from ..advantages import correctness, grpo_advantages, group_nanmean
+from .base import AdvantageInputs, Method, Verbalized, check_fields, help_text
+
+DCPO_ERRORS = ("abs", "sq")
 
 DCPO_INSTRUCTION = ("Solve the problem, put the final answer in \\boxed{}, then on a last line state how likely "
                     "your answer is correct as 'CONFIDENCE: <number between 0 and 1>'.")
@@ -31,16 +37,6 @@ _RLCR_FORMAT = re.compile(
     r"<think>.*?</think>\s*<answer>.*?</answer>\s*<analysis>.*?</analysis>\s*<confidence>.*?</confidence>", re.S)
 _CONFIDENCE_TAG = re.compile(r"<confidence>(.*?)</confidence>", re.S)
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S)
-
-
-@dataclass(frozen=True)
-class Verbalized:
-    """What a completion states: ``confidence`` in [0, 1] or None, where the confidence block starts
-    (a character offset, None when absent) and whether the whole output format holds."""
-
-    confidence: float | None
-    start: int | None
-    format_ok: bool
 
 
 def _unit_float(text: str) -> float | None:
@@ -76,45 +72,113 @@ def answer_tag(text: str) -> str | None:
     return tags[-1].strip() if tags else None
 
 
-def token_start(ids: Sequence[int], char_start: int, decode: Callable[[list[int]], str]) -> int | None:
-    """Index of the first token whose decoded text reaches character ``char_start`` (binary search
-    over prefix decodes, so multi-character and byte-level tokens map correctly)."""
-    ids = list(ids)
-    lo, hi = 1, len(ids)
-    if not ids or len(decode(ids)) <= char_start:
-        return None
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if len(decode(ids[:mid])) > char_start:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo - 1
+# --------------------------------------------------------------------------------------------
+# the methods
+# --------------------------------------------------------------------------------------------
+def rlcr_rewards(correct: torch.Tensor, confidence: torch.Tensor, format_ok: torch.Tensor,
+                 format_weight: float = 0.5, accuracy_weight: float = 0.5, brier_weight: float = 0.5) -> torch.Tensor:
+    """RLCR's released reward ``w_f + w_a c + w_b (1 - (c - q)^2)``, all 0 if the format fails.
+
+    Weights ``(0, 1, 1)`` give the paper's ``c - (q - c)^2`` up to a constant. NaN correctness stays NaN.
+    """
+    c = correct.float()
+    ok = format_ok.to(c.device).bool() & torch.isfinite(confidence.to(c.device))
+    q = torch.nan_to_num(confidence.to(c.device).float(), nan=0.0)
+    reward = format_weight + accuracy_weight * c + brier_weight * (1.0 - (c - q) ** 2)
+    return torch.where(ok, reward, torch.where(torch.isnan(c), c, torch.zeros_like(c)))
 
 
-def verbalized_inputs(parse: Callable[[str], Verbalized], completion_ids: torch.Tensor, mask: torch.Tensor,
-                      decode: Callable[[list[int]], str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per completion (right-padded rows): stated confidence (NaN if none), format flag, and a
-    ``(B, T)`` mask of the confidence block's tokens (last token when there is no block)."""
-    n_rows, width = completion_ids.shape
-    confidence = torch.full((n_rows,), float("nan"))
-    format_ok = torch.zeros(n_rows, dtype=torch.bool)
-    span = torch.zeros(n_rows, width, dtype=torch.bool)
-    lengths = mask.sum(dim=1).tolist()
-    for i, n in enumerate(int(v) for v in lengths):
-        ids = completion_ids[i, :n].tolist()
-        stated = parse(decode(ids)) if n else Verbalized(None, None, False)
-        format_ok[i] = stated.format_ok
-        start = None
-        if stated.confidence is not None:
-            confidence[i] = stated.confidence
-            start = token_start(ids, stated.start, decode)
-        if start is not None:
-            span[i, start:n] = True
-        elif n:
-            span[i, n - 1] = True
-    device = completion_ids.device
-    return confidence.to(device), format_ok.to(device), span.to(device)
+def dcpo_calibration_rewards(correct: torch.Tensor, confidence: torch.Tensor, num_generations: int,
+                             lam: float = 0.5, error: str = "abs") -> torch.Tensor:
+    """DCPO's confidence reward ``R_c = -err(conf, R_IG)``, ``R_IG = lam mean_group(R) + (1 - lam) R``.
+
+    ``error="abs"`` is the paper's ``|conf - R_IG|``; ``"sq"`` the released code's squared error. A
+    missing confidence is -1, as in the released code (so it is always far from any target).
+    """
+    if error not in DCPO_ERRORS:
+        raise ValueError(f"error={error!r}; expected one of {DCPO_ERRORS}.")
+    c = correct.float()
+    target = lam * group_nanmean(c, num_generations) + (1.0 - lam) * c
+    conf = torch.nan_to_num(confidence.to(c.device).float(), nan=-1.0)
+    gap = conf - target
+    return -(gap.abs() if error == "abs" else gap**2)
+
+
+def dcpo_token_advantages(reasoning: torch.Tensor, confidence: torch.Tensor, span: torch.Tensor) -> torch.Tensor:
+    """``(N, T)``: the confidence advantage on the confidence block's tokens, the reasoning one elsewhere."""
+    span = span.to(reasoning.device).bool()
+    return torch.where(span, confidence.unsqueeze(1), reasoning.unsqueeze(1)).float()
+
+
+def _verbal_metrics(prefix: str, confidence: torch.Tensor, format_ok: torch.Tensor) -> dict[str, float]:
+    parsed = torch.isfinite(confidence)
+    return {f"{prefix}/format_rate": format_ok.float().mean().item(),
+            f"{prefix}/confidence_mean": confidence[parsed].mean().item() if parsed.any() else float("nan")}
+
+
+@dataclass
+class RLCRArgs:
+    """RLCR's fields of :class:`~capo_trl.CAPOConfig`."""
+
+    rlcr_format_weight: float = field(default=0.5, metadata=help_text("RLCR: weight of the format reward."))
+    rlcr_accuracy_weight: float = field(default=0.5, metadata=help_text("RLCR: weight of the accuracy reward."))
+    rlcr_brier_weight: float = field(default=0.5, metadata=help_text("RLCR: weight of 1 - (correct - q)^2."))
+
+
+class RLCR(Method):
+    """GRPO on RLCR's reward, built from correctness (the reward functions) and the stated confidence."""
+
+    name = "rlcr"
+    Args = RLCRArgs
+    parse_confidence = staticmethod(parse_rlcr)
+
+    @classmethod
+    def validate(cls, args: RLCRArgs, prefix: str = "CAPOConfig.") -> None:
+        check_fields(args, prefix, nonneg=("rlcr_format_weight", "rlcr_accuracy_weight", "rlcr_brier_weight"))
+
+    def advantages(self, batch: AdvantageInputs):
+        a = self.args
+        reward = rlcr_rewards(correctness(batch.rewards, self.config.correct_threshold), batch.confidence,
+                              batch.format_ok, a.rlcr_format_weight, a.rlcr_accuracy_weight, a.rlcr_brier_weight)
+        adv = grpo_advantages(reward, batch.num_generations, batch.scale_rewards)
+        return adv, {"rlcr/reward_mean": torch.nanmean(reward).item(),
+                     **_verbal_metrics("rlcr", batch.confidence, batch.format_ok)}
+
+
+@dataclass
+class DCPOArgs:
+    """DCPO's fields of :class:`~capo_trl.CAPOConfig`."""
+
+    dcpo_lambda: float = field(default=0.5, metadata=help_text(
+        "DCPO: R_IG = lambda * group accuracy + (1 - lambda) * own correctness."))
+    dcpo_error: str = field(default="abs", metadata=help_text(
+        "DCPO: confidence error, 'abs' (paper) or 'sq' (released code).", choices=list(DCPO_ERRORS)))
+
+
+class DCPO(Method):
+    """Reasoning tokens: GRPO advantage of correctness; confidence block: group-normalised ``R_c``."""
+
+    name = "dcpo"
+    Args = DCPOArgs
+    parse_confidence = staticmethod(parse_dcpo_confidence)
+
+    @classmethod
+    def validate(cls, args: DCPOArgs, prefix: str = "CAPOConfig.") -> None:
+        check_fields(args, prefix, unit=("dcpo_lambda",))
+        if args.dcpo_error not in DCPO_ERRORS:
+            raise ValueError(f"{prefix}dcpo_error={args.dcpo_error!r} is invalid; choose one of {DCPO_ERRORS} "
+                             "('abs' = paper, 'sq' = released code).")
+
+    def advantages(self, batch: AdvantageInputs):
+        correct = correctness(batch.rewards, self.config.correct_threshold)
+        scale = batch.scale_rewards
+        reasoning = grpo_advantages(correct, batch.num_generations, scale)
+        r_c = dcpo_calibration_rewards(correct, batch.confidence, batch.num_generations, self.args.dcpo_lambda,
+                                       self.args.dcpo_error)
+        confidence = grpo_advantages(r_c, batch.num_generations, scale)
+        adv = dcpo_token_advantages(reasoning, confidence, batch.confidence_mask)
+        return adv, {"dcpo/calibration_reward": torch.nanmean(r_c).item(),
+                     **_verbal_metrics("dcpo", batch.confidence, batch.format_ok)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -161,7 +225,6 @@ class RLCRReward(AnswerTagReward):
         self.__name__ = "rlcr"
 
     def __call__(self, completions, answer=None, solution=None, **kwargs):
-        from ..baselines import rlcr_rewards
         from ..rewards import _as_text
 
         grades = super().__call__(completions, answer=answer, solution=solution)

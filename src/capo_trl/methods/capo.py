@@ -1,0 +1,69 @@
+"""CAPO (Wang et al., ACL 2026): the pairwise, perplexity-aware advantage of ``advantages.capo_advantages``."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..advantages import (
+    NORMALIZATIONS,
+    SCALES,
+    SURROGATES,
+    capo_advantages,
+    match_group_l1,
+    reward_scale,
+    within_group_std,
+)
+from .base import AdvantageInputs, Method, check_fields, help_text
+
+TAU_MODES = ("absolute", "relative")
+
+
+@dataclass
+class CAPOArgs:
+    """CAPO's fields of :class:`~capo_trl.CAPOConfig` (documented there)."""
+
+    tau: float = field(default=0.6, metadata=help_text(
+        "Temperature of the logistic AUC surrogate (> 0), in nats of mean token log-prob. Should match the "
+        "within-group spread of the scores; paper: 0.6 (1.5B), 0.5 (7B)."))
+    advantage_normalization: str = field(default="group", metadata=help_text(
+        "Divide CAPO advantages by the group size ('group'), the number of pairs ('pairs') or nothing ('none').",
+        choices=list(NORMALIZATIONS)))
+    surrogate: str = field(default="logistic", metadata=help_text(
+        "Pairwise surrogate: 'logistic' (CAPO) or 'linear' (equals Dr. GRPO; ablation).", choices=list(SURROGATES)))
+    tau_mode: str = field(default="absolute", metadata=help_text(
+        "'absolute' (tau in nats, the paper) or 'relative' (tau times the within-group std of the scores over "
+        "mixed groups of the batch).", choices=list(TAU_MODES)))
+    advantage_scale: str = field(default="paper", metadata=help_text(
+        "'paper' (keeps the 1/tau factor) or 'bounded' (times 2*tau, divided by the scale_rewards std: pair "
+        "weights in (0, 2), GRPO's advantage as tau grows) or 'matched' (each group rescaled to GRPO's total "
+        "|advantage|).", choices=list(SCALES)))
+
+
+class CAPO(Method):
+    """CAPO with the config's tau mode and scale; logs the temperature actually used."""
+
+    name = "capo"
+    Args = CAPOArgs
+    default_noise_mask = True
+
+    @classmethod
+    def validate(cls, args: CAPOArgs, prefix: str = "CAPOConfig.") -> None:
+        check_fields(args, prefix, positive=("tau",), choices={
+            "advantage_normalization": NORMALIZATIONS, "surrogate": SURROGATES, "tau_mode": TAU_MODES,
+            "advantage_scale": SCALES})
+
+    def advantages(self, batch: AdvantageInputs):
+        a = self.args
+        tau = a.tau
+        if a.tau_mode == "relative":
+            spread = within_group_std(batch.rewards, batch.scores, batch.num_generations).item()
+            if math.isfinite(spread) and spread > 0:  # no mixed group means no pair: any tau gives zero
+                tau = a.tau * spread
+        adv = capo_advantages(batch.rewards, batch.scores, batch.num_generations, tau, a.advantage_normalization,
+                              a.surrogate, a.advantage_scale)
+        if a.advantage_scale == "bounded":  # on TRL's scale: equals GRPO's advantage as tau grows
+            adv = adv / reward_scale(batch.rewards, batch.num_generations, batch.scale_rewards)
+        elif a.advantage_scale == "matched":
+            adv = match_group_l1(adv, batch.trl_advantages, batch.num_generations)
+        return adv, {"capo/tau": tau}
