@@ -65,7 +65,7 @@ def test_resume_equals_uninterrupted(setting, tiny_model_dir, tmp_path):
     stopped.train()
     assert stopped.state.global_step == 2 and (tmp_path / "stopped" / "checkpoint-2" / CAPO_STATE.format(0)).is_file()
     if setting == "mask-auto":
-        assert stopped._measured_thresholds is not None  # there is state to lose
+        assert stopped._mask.measured is not None  # there is state to lose
     if setting == "codapo-replay":
         assert stopped._method_state.state_dict() != {"pending": None, "deferred": [], "replaying": False}
 

@@ -235,4 +235,4 @@ def test_auto_thresholds_say_when_they_cannot_measure(tiny_model_dir, tmp_path):
                    max_steps=2)
     with pytest.warns(UserWarning, match=r"measured no mask thresholds after 1 generation batch.*stays off"):
         trainer.train()
-    assert trainer._measured_thresholds is None and not logged(trainer, "capo/ref_high")
+    assert trainer._mask.measured is None and not logged(trainer, "capo/ref_high")

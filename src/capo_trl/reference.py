@@ -14,6 +14,8 @@ from contextlib import contextmanager
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
+from trl.models import prepare_deepspeed, prepare_fsdp
+from trl.trainer.utils import add_fused_lm_head, create_model_from_path, disable_dropout_in_model
 
 
 class RolloutLogprobRecorder(LogitsProcessor):
@@ -151,3 +153,28 @@ class ReferenceScoreCache:
         self._data.clear()
         for key, value in zip(state["keys"], state["values"].tolist()):
             self.put(bytes(key.tolist()), value)
+
+
+def build_reference(trainer, source) -> torch.nn.Module:
+    """A frozen copy of the initial policy for ``trainer`` (a CAPOTrainer), prepared the way TRL prepares its own."""
+    if isinstance(source, str):
+        init_kwargs = dict(trainer.args.model_init_kwargs or {})
+        if trainer.args.distributed_state.distributed_type in ["MULTI_GPU", "DEEPSPEED"]:
+            init_kwargs["device_map"] = None
+        if trainer._quantization_config is not None:
+            init_kwargs["quantization_config"] = trainer._quantization_config
+        init_kwargs.setdefault("trust_remote_code", trainer.args.trust_remote_code)
+        init_kwargs.setdefault("dtype", trainer.model.dtype)
+        init_kwargs.setdefault("attn_implementation", trainer.model.config._attn_implementation)
+        ref = create_model_from_path(source, **init_kwargs)
+    else:
+        ref = source
+    ref.requires_grad_(False)
+    ref.eval()
+    disable_dropout_in_model(ref)
+    add_fused_lm_head(ref, temperature=trainer.temperature, cast_lm_head_to_fp32=trainer.args.cast_lm_head_to_fp32)
+    if trainer.is_deepspeed_enabled:
+        return prepare_deepspeed(ref, trainer.accelerator)
+    if trainer.is_fsdp_enabled:
+        return prepare_fsdp(ref, trainer.accelerator)
+    return trainer.accelerator.prepare_model(ref, evaluation_mode=True)

@@ -329,7 +329,7 @@ def load_problems(script_args: ScriptArguments, split: str | None, limit: int | 
 
 def drop_long_prompts(ds, tokenizer, max_tokens: int):
     """Keep rows whose prompt, rendered as TRL renders it, fits in ``max_tokens`` tokens."""
-    from .trainer import prompt_lengths
+    from .checks import prompt_lengths
 
     return ds.filter(lambda row: prompt_lengths([row["prompt"]], tokenizer)[0] <= max_tokens)
 

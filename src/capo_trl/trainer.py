@@ -18,30 +18,24 @@ import os
 import warnings
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import trl
 from accelerate.utils import gather_object, is_peft_model
 from packaging.version import Version
-from trl import GRPOTrainer
-from trl.models import prepare_deepspeed, prepare_fsdp
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
-from trl.trainer.utils import (
-    add_fused_lm_head,
-    create_model_from_path,
-    disable_dropout_in_model,
-    get_config_model_id,
-    use_adapter,
-)
+from trl.trainer.utils import get_config_model_id, use_adapter
 
-from .advantages import mean_token_logprob, mixed_groups, noise_mask, quartile_thresholds, within_group_std
-from .calibration import auroc_per_question
+from .advantages import mean_token_logprob, within_group_std
+from .checks import check_dataset_size, check_prompt_lengths
 from .config import CAPOConfig
 from .errors import UsageError
+from .mask import NoiseMask
 from .methods import AdvantageInputs, resolve_method
 from .methods.base import verbalized_inputs
-from .reference import ReferenceScoreCache, RolloutLogprobRecorder, sequence_keys
+from .monitor import rollout_metrics
+from .reference import ReferenceScoreCache, RolloutLogprobRecorder, build_reference, sequence_keys
 
 TESTED_TRL = "1.16"
 if ".".join(Version(trl.__version__).base_version.split(".")[:2]) != TESTED_TRL:
@@ -50,10 +44,10 @@ if ".".join(Version(trl.__version__).base_version.split(".")[:2]) != TESTED_TRL:
         f"{trl.__version__} is installed. Install a matching version: pip install 'trl=={TESTED_TRL}.*'."
     )
 
-# Extra model inputs TRL's forward accepts (multimodal); passed through unchanged when present.
 # What CAPO keeps across steps, one file per process in each checkpoint (like transformers' rng_state_N.pth).
 CAPO_STATE = "capo_state_{}.pt"
 
+# Extra model inputs TRL's forward accepts (multimodal); passed through unchanged when present.
 _FORWARD_KEYS = (
     "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
     "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
@@ -100,7 +94,7 @@ class CAPOTrainer(GRPOTrainer):
                 "CAPOConfig(...): it accepts every GRPOConfig field."
             )
         bound = inspect.signature(GRPOTrainer.__init__).bind(self, model, reward_funcs, args, *pargs, **kwargs)
-        _check_dataset_size(bound.arguments.get("train_dataset"), args)  # before any model is loaded
+        check_dataset_size(bound.arguments.get("train_dataset"), args)  # before any model is loaded
         peft_config = bound.arguments.get("peft_config")
         self._quantization_config = bound.arguments.get("quantization_config")
         needs_own_ref = bool(args.noise_mask) and args.beta == 0.0 and peft_config is None and (
@@ -109,79 +103,25 @@ class CAPOTrainer(GRPOTrainer):
         # The reference is the *initial* policy: copy an in-memory model before TRL patches or trains it.
         ref_source = copy.deepcopy(model) if needs_own_ref and not isinstance(model, str) else model
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
-        self._capo_ref_model = self._build_reference(ref_source) if needs_own_ref else None
+        self._capo_ref_model = build_reference(self, ref_source) if needs_own_ref else None
         self._ref_cache = ReferenceScoreCache(args.ref_cache_size)
         self._ref_cache_usable = args.ref_cache_size > 0 and not (self._dist.is_zero3 or self.is_fsdp_enabled)
         self._record = StepRecord()
-        self._warned: set[str] = set()
-        self._threshold_samples: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self._measured_thresholds: tuple[float, float] | None = None
+        self._mask = NoiseMask(args) if args.noise_mask else None
         self._loss_inputs = None  # the micro-batch whose loss is being computed, for the token_logps hook
         self.method = resolve_method(args.advantage_estimator)(args)
         self._method_state = self.method.make_state(self.num_generations)
-        self._check_prompt_lengths(self.train_dataset, "train_dataset")
+        context = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+        check_prompt_lengths(self.train_dataset, getattr(self.processing_class, "tokenizer", self.processing_class),
+                             context, self.max_completion_length, "train_dataset")
 
     # ----------------------------------------------------------------------------------- setup
-    def _build_reference(self, source) -> torch.nn.Module:
-        """A frozen copy of the initial policy, prepared the way TRL prepares its own reference."""
-        if isinstance(source, str):
-            init_kwargs = dict(self.args.model_init_kwargs or {})
-            if self.args.distributed_state.distributed_type in ["MULTI_GPU", "DEEPSPEED"]:
-                init_kwargs["device_map"] = None
-            if self._quantization_config is not None:
-                init_kwargs["quantization_config"] = self._quantization_config
-            init_kwargs.setdefault("trust_remote_code", self.args.trust_remote_code)
-            init_kwargs.setdefault("dtype", self.model.dtype)
-            init_kwargs.setdefault("attn_implementation", self.model.config._attn_implementation)
-            ref = create_model_from_path(source, **init_kwargs)
-        else:
-            ref = source
-        ref.requires_grad_(False)
-        ref.eval()
-        disable_dropout_in_model(ref)
-        add_fused_lm_head(ref, temperature=self.temperature, cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
-        if self.is_deepspeed_enabled:
-            return prepare_deepspeed(ref, self.accelerator)
-        if self.is_fsdp_enabled:
-            return prepare_fsdp(ref, self.accelerator)
-        return self.accelerator.prepare_model(ref, evaluation_mode=True)
-
-    def _check_prompt_lengths(self, dataset, name: str, limit: int = 10_000) -> None:
-        """A prompt longer than the model's context cannot be trained on (TRL 1.16 does not truncate)."""
-        context = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
-        if not isinstance(context, int) or dataset is None or not hasattr(dataset, "__len__") or len(dataset) == 0:
-            return
-        columns = getattr(dataset, "column_names", None) or []
-        if "prompt" not in columns or {"image", "images"} & set(columns):  # multimodal: the processor counts
-            return
-        rows = dataset.select(range(min(limit, len(dataset)))) if len(dataset) > limit else dataset
-        lengths = prompt_lengths(rows["prompt"], getattr(self.processing_class, "tokenizer", self.processing_class))
-        checked = f"{len(rows)} of {len(dataset)}" if len(rows) < len(dataset) else f"all {len(rows)}"
-        too_long = [n for n in lengths if n >= context]
-        if too_long:
-            raise UsageError(
-                f"{name}: {len(too_long)} prompt(s) ({checked} checked) are {max(too_long)} tokens or longer, but the "
-                f"model's context (max_position_embeddings) is {context} tokens: no completion token fits. Drop them "
-                "(capo-trl train: max_prompt_length; Python: dataset.filter) or use a longer-context model."
-            )
-        overflow = [n for n in lengths if n + self.max_completion_length > context]
-        if overflow:
-            warnings.warn(
-                f"{name}: {len(overflow)} prompt(s) ({checked} checked, longest {max(overflow)} tokens) plus "
-                f"max_completion_length={self.max_completion_length} exceed the model's context of {context} tokens; "
-                "their completions run past the positions the model was trained on. Drop long prompts "
-                "(capo-trl train: max_prompt_length) or lower max_completion_length.",
-                stacklevel=3,
-            )
-
     # ----------------------------------------------------------------------------------- checkpoints
     def _capo_state(self) -> dict:
         """Everything CAPO carries from step to step, so that resuming a run equals not stopping it."""
-        state = {
-            "measured_thresholds": self._measured_thresholds,
-            "threshold_samples": [(r, p) for r, p in self._threshold_samples],
-            "warned": sorted(self._warned),
-        }
+        state = {}
+        if self._mask is not None:
+            state["mask"] = self._mask.state_dict()
         if self._method_state is not None:
             state["method_state"] = self._method_state.state_dict()
         if self._ref_cache_usable:
@@ -211,10 +151,8 @@ class CAPOTrainer(GRPOTrainer):
                 )
             return
         state = torch.load(path, weights_only=True)
-        measured = state["measured_thresholds"]
-        self._measured_thresholds = tuple(measured) if measured is not None else None
-        self._threshold_samples = [tuple(pair) for pair in state["threshold_samples"]]
-        self._warned = set(state["warned"])
+        if self._mask is not None and "mask" in state:
+            self._mask.load_state_dict(state["mask"])
         if self._method_state is not None and "method_state" in state:
             self._method_state.load_state_dict(state["method_state"])
         if self._ref_cache_usable and "ref_cache" in state:
@@ -268,12 +206,12 @@ class CAPOTrainer(GRPOTrainer):
         record.scores = scores = self.accelerator.gather(self._rollout_scores(out, loss_mask, record))
         local = slice(self.accelerator.process_index * len(inputs), (self.accelerator.process_index + 1) * len(inputs))
 
-        if args.noise_mask:
+        if self._mask is not None:
             record.ref_ppl = self.accelerator.gather(torch.exp(-self._reference_scores(out, loss_mask, record)))
-            thresholds = self._mask_thresholds(rewards, record.ref_ppl, mode)
-            if thresholds is not None:
-                record.keep = noise_mask(rewards, record.ref_ppl, *thresholds, args.correct_threshold)
-                self._warn_if_mask_empties_a_class(rewards, record.ref_ppl, record.keep, thresholds)
+            record.keep = self._mask(rewards, record.ref_ppl, training=mode == "train")
+            if args.ref_thresholds == "auto" and self._mask.measured is not None:
+                for name, value in zip(("capo/ref_high", "capo/ref_low"), self._mask.measured):
+                    self._metrics[mode][name].append(value)
         keep = record.keep
 
         self._metrics[mode]["capo/score_spread"].append(within_group_std(rewards, scores, num_generations).item())
@@ -319,34 +257,6 @@ class CAPOTrainer(GRPOTrainer):
         gather = self.accelerator.gather
         return {"confidence": gather(confidence), "format_ok": gather(format_ok.float()) > 0.5,
                 "confidence_mask": gather(span) > 0.5}
-
-    def _mask_thresholds(self, rewards, ref_ppl, mode) -> tuple[float, float] | None:
-        """(ref_high, ref_low): as configured, or measured by the quartile rule on the first batches."""
-        if self.args.ref_thresholds == "fixed":
-            return self.args.ref_high, self.args.ref_low
-        if self._measured_thresholds is None and mode == "train":
-            self._threshold_samples.append((rewards.cpu(), ref_ppl.cpu()))
-            if len(self._threshold_samples) >= self.args.ref_calibration_steps:
-                r, p = (torch.cat(t) for t in zip(*self._threshold_samples))
-                high, low = quartile_thresholds(r, p, self.args.correct_threshold)
-                if math.isfinite(high) and math.isfinite(low):
-                    self._measured_thresholds = (high, low)
-                    self._threshold_samples.clear()
-        if self._measured_thresholds is None:
-            if len(self._threshold_samples) >= self.args.ref_calibration_steps and "unmeasured" not in self._warned:
-                self._warned.add("unmeasured")
-                warnings.warn(
-                    f"ref_thresholds='auto' measured no mask thresholds after {len(self._threshold_samples)} "
-                    "generation batch(es): the rollouts so far lack correct or wrong completions (their rewards "
-                    f"never crossed correct_threshold={self.args.correct_threshold}). The noise mask stays off "
-                    "until both appear; set ref_high/ref_low with ref_thresholds='fixed' to mask from the start.",
-                    stacklevel=2,
-                )
-            return None  # still measuring (or a class never appeared yet): no mask
-        high, low = self._measured_thresholds
-        self._metrics[mode]["capo/ref_high"].append(high)
-        self._metrics[mode]["capo/ref_low"].append(low)
-        return self._measured_thresholds
 
     # ----------------------------------------------------------------------------------- method hooks
     def _prepare_inputs(self, generation_batch):
@@ -490,74 +400,12 @@ class CAPOTrainer(GRPOTrainer):
 
     def _log_calibration(self, mode, record: StepRecord, advantages, num_generations) -> None:
         metrics = self._metrics[mode]
-        rewards, scores, ref_ppl, keep = record.rewards, record.scores, record.ref_ppl, record.keep
-        valid = torch.isfinite(rewards) & torch.isfinite(scores)
-        correct = rewards >= self.args.correct_threshold
-        groups = torch.arange(rewards.numel(), device=rewards.device) // num_generations
-        s, c, g = scores[valid].cpu().numpy(), correct[valid].cpu().numpy(), groups[valid].cpu().numpy()
-        # pooled AUROC = the Mann-Whitney statistic of a single group: 20x cheaper than sklearn per step
-        metrics["capo/auroc"].append(auroc_per_question(s, c, np.zeros_like(g))[0])
-        metrics["capo/auroc_group"].append(auroc_per_question(s, c, g)[0])
-        mixed = mixed_groups(rewards, valid, num_generations, self.args.correct_threshold)
-        metrics["capo/mixed_group_frac"].append(mixed.float().mean().item())
-        metrics["capo/adv_abs_mean"].append(advantages[valid].abs().mean().item() if valid.any() else 0.0)
-        kept = keep if keep is not None else torch.ones_like(valid)
-        metrics["capo/kept_frac"].append(kept.float().mean().item())
-        metrics["capo/dropped_correct"].append((~kept & correct).float().mean().item())
-        metrics["capo/dropped_wrong"].append((~kept & ~correct & torch.isfinite(rewards)).float().mean().item())
-        if ref_ppl is not None:
-            metrics["capo/ref_ppl_mean"].append(torch.nanmean(ref_ppl).item())
-            if self._ref_cache_usable and record.ref_cache_start is not None:
-                hits0, lookups0 = record.ref_cache_start
-                local = torch.tensor([self._ref_cache.hits - hits0, self._ref_cache.lookups - lookups0],
-                                     dtype=torch.float32, device=rewards.device)
-                hits, lookups = self.accelerator.gather(local).view(-1, 2).sum(0).tolist()
-                metrics["capo/ref_cache_hit_rate"].append(hits / lookups if lookups else float("nan"))
-
-    def _warn_if_mask_empties_a_class(self, rewards, ref_ppl, keep, thresholds) -> None:
-        """The paper's thresholds assume its models; say so loudly when they drop a whole class."""
-        correct = rewards >= self.args.correct_threshold
-        wrong = rewards < self.args.correct_threshold
-        for name, members, bound in (("correct", correct, "ref_high"), ("wrong", wrong, "ref_low")):
-            if members.any() and not (keep & members).any() and name not in self._warned:
-                self._warned.add(name)
-                ppl = ref_ppl[members & torch.isfinite(ref_ppl)]
-                span = f"{ppl.min().item():.3g}..{ppl.max().item():.3g}" if ppl.numel() else "n/a"
-                warnings.warn(
-                    f"CAPO noise mask dropped every {name} completion of this batch ({int(members.sum())} of them; "
-                    f"their reference perplexity spans {span}, ref_high={thresholds[0]:.4g}, "
-                    f"ref_low={thresholds[1]:.4g}). The thresholds do not fit this model: CAPO is now training "
-                    f"without {name} answers. Measure thresholds for your model (`capo-trl calibrate-mask`, or "
-                    f"ref_thresholds='auto'), set {bound} accordingly, or "
-                    "disable the mask with noise_mask=False.",
-                    stacklevel=2,
-                )
-
-
-
-def _check_dataset_size(dataset, args: CAPOConfig) -> None:
-    """TRL's sampler drops an incomplete generation batch: too few rows train 0 steps and 'succeed'."""
-    if dataset is None or not hasattr(dataset, "__len__"):
-        return
-    prompts = args.generation_batch_size // args.num_generations
-    if len(dataset) == 0:
-        raise UsageError("train_dataset is empty: nothing to train on.")
-    if len(dataset) < prompts:
-        raise UsageError(
-            f"train_dataset has {len(dataset)} rows, fewer than the {prompts} distinct prompts of one generation "
-            f"batch (generation_batch_size={args.generation_batch_size} / num_generations={args.num_generations}), "
-            "so no step would train. Add rows, or lower per_device_train_batch_size (or steps_per_generation)."
-        )
-
-
-def prompt_lengths(prompts, tokenizer) -> list[int]:
-    """Token count of each prompt as TRL renders it (chat template with generation prompt, or plain text)."""
-    lengths = []
-    for prompt in prompts:
-        if isinstance(prompt, list):
-            ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-        else:
-            ids = tokenizer(prompt)["input_ids"]
-        lengths.append(len(ids))
-    return lengths
+        for name, value in rollout_metrics(record.rewards, record.scores, advantages, num_generations,
+                                           self.args.correct_threshold, record.keep, record.ref_ppl).items():
+            metrics[name].append(value)
+        if record.ref_ppl is not None and self._ref_cache_usable and record.ref_cache_start is not None:
+            hits0, lookups0 = record.ref_cache_start
+            local = torch.tensor([self._ref_cache.hits - hits0, self._ref_cache.lookups - lookups0],
+                                 dtype=torch.float32, device=record.rewards.device)
+            hits, lookups = self.accelerator.gather(local).view(-1, 2).sum(0).tolist()
+            metrics["capo/ref_cache_hit_rate"].append(hits / lookups if lookups else float("nan"))

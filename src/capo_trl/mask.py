@@ -1,0 +1,85 @@
+"""The reference-perplexity noise mask as the trainer runs it: thresholds (fixed or measured), verdicts, warnings.
+
+The formula is :func:`capo_trl.advantages.noise_mask`; this holds what it needs across steps (the
+samples and thresholds of ``ref_thresholds="auto"``, which warnings were given), so that a
+checkpoint can carry it.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+
+from .advantages import noise_mask, quartile_thresholds
+
+
+class NoiseMask:
+    """Per-run state of the mask; :meth:`__call__` gives the batch's keep mask, or None while measuring."""
+
+    def __init__(self, config):
+        self.config = config
+        self.samples: list[tuple[torch.Tensor, torch.Tensor]] = []  # (rewards, ref_ppl) of measurement batches
+        self.measured: tuple[float, float] | None = None
+        self.warned: set[str] = set()
+
+    def thresholds(self, rewards: torch.Tensor, ref_ppl: torch.Tensor, training: bool) -> tuple[float, float] | None:
+        """(ref_high, ref_low): as configured, or measured by the quartile rule on the first training batches."""
+        cfg = self.config
+        if cfg.ref_thresholds == "fixed":
+            return cfg.ref_high, cfg.ref_low
+        if self.measured is None and training:
+            self.samples.append((rewards.cpu(), ref_ppl.cpu()))
+            if len(self.samples) >= cfg.ref_calibration_steps:
+                r, p = (torch.cat(t) for t in zip(*self.samples))
+                high, low = quartile_thresholds(r, p, cfg.correct_threshold)
+                if math.isfinite(high) and math.isfinite(low):
+                    self.measured = (high, low)
+                    self.samples.clear()
+        if self.measured is None and len(self.samples) >= cfg.ref_calibration_steps:
+            self._warn_once("unmeasured", (
+                f"ref_thresholds='auto' measured no mask thresholds after {len(self.samples)} generation batch(es): "
+                "the rollouts so far lack correct or wrong completions (their rewards never crossed "
+                f"correct_threshold={cfg.correct_threshold}). The noise mask stays off until both appear; set "
+                "ref_high/ref_low with ref_thresholds='fixed' to mask from the start."))
+        return self.measured  # None: still measuring (or a class never appeared yet), no mask
+
+    def __call__(self, rewards: torch.Tensor, ref_ppl: torch.Tensor, training: bool) -> torch.Tensor | None:
+        """The keep mask of a global batch (True = stays in the loss), or None when there are no thresholds."""
+        thresholds = self.thresholds(rewards, ref_ppl, training)
+        if thresholds is None:
+            return None
+        keep = noise_mask(rewards, ref_ppl, *thresholds, self.config.correct_threshold)
+        self._warn_if_a_class_is_emptied(rewards, ref_ppl, keep, thresholds)
+        return keep
+
+    def _warn_if_a_class_is_emptied(self, rewards, ref_ppl, keep, thresholds) -> None:
+        """The paper's thresholds assume its models; say so loudly when they drop a whole class."""
+        correct = rewards >= self.config.correct_threshold
+        wrong = rewards < self.config.correct_threshold
+        for name, members, bound in (("correct", correct, "ref_high"), ("wrong", wrong, "ref_low")):
+            if members.any() and not (keep & members).any():
+                ppl = ref_ppl[members & torch.isfinite(ref_ppl)]
+                span = f"{ppl.min().item():.3g}..{ppl.max().item():.3g}" if ppl.numel() else "n/a"
+                self._warn_once(name, (
+                    f"CAPO noise mask dropped every {name} completion of this batch ({int(members.sum())} of them; "
+                    f"their reference perplexity spans {span}, ref_high={thresholds[0]:.4g}, "
+                    f"ref_low={thresholds[1]:.4g}). The thresholds do not fit this model: CAPO is now training "
+                    f"without {name} answers. Measure thresholds for your model (`capo-trl calibrate-mask`, or "
+                    f"ref_thresholds='auto'), set {bound} accordingly, or disable the mask with noise_mask=False."))
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self.warned:
+            self.warned.add(key)
+            warnings.warn(message, stacklevel=4)
+
+    def state_dict(self) -> dict:
+        return {"measured_thresholds": self.measured, "threshold_samples": list(self.samples),
+                "warned": sorted(self.warned)}
+
+    def load_state_dict(self, state: dict) -> None:
+        measured = state["measured_thresholds"]
+        self.measured = tuple(measured) if measured is not None else None
+        self.samples = [tuple(pair) for pair in state["threshold_samples"]]
+        self.warned = set(state["warned"])
