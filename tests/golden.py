@@ -39,6 +39,7 @@ RUNS = {
     "simko": dict(advantage_estimator="simko"),
     "rlcr": dict(advantage_estimator="rlcr"),
     "dcpo": dict(advantage_estimator="dcpo"),
+    "scapo": dict(advantage_estimator="scapo", scapo_steps=2),
 }
 
 

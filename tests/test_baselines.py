@@ -298,7 +298,7 @@ def test_method_constraints_and_help():
     with pytest.raises(ValueError, match="beta"):
         CAPOConfig(advantage_estimator="c2gspg", beta=0.1, **BASE)
     mine = [f for m in BUILTIN if m.Args is not None and m.name != "capo" for f in fields(m.Args)]
-    assert len(mine) == 19 and all(f.metadata.get("help") for f in mine)
+    assert len(mine) == 22 and all(f.metadata.get("help") for f in mine)
     assert {f.name for f in mine} <= {f.name for f in fields(CAPOConfig)}  # every one is a CAPOConfig field
     for name in ("dr_grpo", "codapo", "cde", "c2gspg", "simko", "rlcr", "dcpo"):
         assert CAPOConfig(advantage_estimator=name, **BASE).noise_mask is False

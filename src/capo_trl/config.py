@@ -14,18 +14,14 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from .methods import BUILTIN, resolve_method
-from .methods.c2gspg import C2GSPGArgs
-from .methods.capo import CAPOArgs
-from .methods.cde import CDEArgs
-from .methods.codapo import CoDaPOArgs
-from .methods.simko import SimKOArgs
-from .methods.verbalized import DCPOArgs, RLCRArgs
 
 THRESHOLD_MODES = ("fixed", "auto")
+# Each built-in method's fields, mixed in (later methods' fields come first in the MRO, so last in --help).
+_METHOD_ARGS = tuple(m.Args for m in reversed(BUILTIN) if m.Args is not None)
 
 
 @dataclass
-class CAPOConfig(SimKOArgs, DCPOArgs, RLCRArgs, C2GSPGArgs, CDEArgs, CoDaPOArgs, CAPOArgs, GRPOConfig):
+class CAPOConfig(*_METHOD_ARGS, GRPOConfig):
     r"""Configuration for [`CAPOTrainer`]: every [`trl.GRPOConfig`] field plus the CAPO fields below.
 
     Migration from TRL is `s/GRPOConfig/CAPOConfig/`. With `advantage_estimator="grpo"` (and the

@@ -32,7 +32,7 @@ from .checks import check_dataset_size, check_prompt_lengths
 from .config import CAPOConfig
 from .errors import UsageError
 from .mask import NoiseMask
-from .methods import AdvantageInputs, resolve_method
+from .methods import AdvantageInputs, Rollout, resolve_method
 from .methods.base import verbalized_inputs
 from .monitor import rollout_metrics
 from .reference import ReferenceScoreCache, RolloutLogprobRecorder, build_reference, sequence_keys
@@ -220,6 +220,7 @@ class CAPOTrainer(GRPOTrainer):
             rewards=rewards, scores=scores, num_generations=num_generations,
             trl_advantages=self.accelerator.gather(trl_advantages), step=self.state.global_step,
             scale_rewards=self.scale_rewards, **self._verbalized_inputs(out, loss_mask),
+            extra=self._rollout_inputs(out, loss_mask, inputs, mode),
         )
         advantages, extra = self.method.advantages(batch)
         for name, value in extra.items():
@@ -243,6 +244,33 @@ class CAPOTrainer(GRPOTrainer):
 
         self._log_calibration(mode, record, per_sample, num_generations)
         return out
+
+    def _rollout_inputs(self, out, loss_mask, inputs, mode) -> dict:
+        """The method's ``rollout_inputs`` hook on this process's slice, gathered (per-token ones padded)."""
+        hook = self.method.rollout_inputs
+        if hook is None:
+            return {}
+
+        def score(prompts):  # these completions after other prompts: one no-grad forward of the policy
+            ids = [torch.tensor(p) for p in self._tokenize_prompts(prompts)[0]]
+            width = max(len(p) for p in ids)
+            pad = self.processing_class.pad_token_id if hasattr(self.processing_class, "pad_token_id") else 0
+            prompt_ids = torch.full((len(ids), width), pad if pad is not None else 0, dtype=torch.long)
+            prompt_mask = torch.zeros(len(ids), width, dtype=torch.long)
+            for i, p in enumerate(ids):  # left padding, as TRL pads prompts
+                prompt_ids[i, width - len(p):], prompt_mask[i, width - len(p):] = p, 1
+            device = out["completion_ids"].device
+            return self._forward_logps(self.model, {"prompt_ids": prompt_ids.to(device),
+                                                    "prompt_mask": prompt_mask.to(device),
+                                                    "completion_ids": out["completion_ids"],
+                                                    "completion_mask": out["completion_mask"]})
+
+        local = hook(Rollout(prompts=[row["prompt"] for row in inputs], completion_ids=out["completion_ids"],
+                             completion_mask=loss_mask, step=self.state.global_step, training=mode == "train",
+                             score=score))
+        return {name: self.accelerator.gather(self.accelerator.pad_across_processes(value.float(), dim=1)
+                                              if value.dim() == 2 else value.float())
+                for name, value in local.items()}
 
     def _verbalized_inputs(self, out, loss_mask) -> dict:
         """Stated confidence, format flag and confidence-block token mask, gathered (``parse_confidence`` hook)."""

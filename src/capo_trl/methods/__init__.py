@@ -10,17 +10,18 @@ import importlib
 import os
 import sys
 
-from .base import AdvantageInputs, Method, MethodState
+from .base import AdvantageInputs, Method, MethodState, Rollout
 from .c2gspg import C2GSPG
 from .capo import CAPO
 from .cde import CDE
 from .codapo import CoDaPO
 from .dr_grpo import DrGRPO
 from .grpo import GRPO
+from .scapo import SCAPO
 from .simko import SimKO
 from .verbalized import DCPO, RLCR
 
-BUILTIN: tuple[type[Method], ...] = (GRPO, CAPO, DrGRPO, CoDaPO, CDE, C2GSPG, SimKO, RLCR, DCPO)
+BUILTIN: tuple[type[Method], ...] = (GRPO, CAPO, DrGRPO, CoDaPO, CDE, C2GSPG, SimKO, RLCR, DCPO, SCAPO)
 METHODS: dict[str, type[Method]] = {m.name: m for m in BUILTIN}
 
 
@@ -60,5 +61,5 @@ def resolve_method(spec: str) -> type[Method]:
     return method
 
 
-__all__ = ["AdvantageInputs", "Method", "MethodState", "METHODS", "BUILTIN", "register_method", "resolve_method",
-           "GRPO", "CAPO", "DrGRPO", "CoDaPO", "CDE", "C2GSPG", "SimKO", "RLCR", "DCPO"]
+__all__ = ["AdvantageInputs", "Method", "MethodState", "Rollout", "METHODS", "BUILTIN", "register_method", "resolve_method",
+           "GRPO", "CAPO", "DrGRPO", "CoDaPO", "CDE", "C2GSPG", "SimKO", "RLCR", "DCPO", "SCAPO"]

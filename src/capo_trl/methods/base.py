@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Protocol
 
 import torch
@@ -35,6 +35,23 @@ class AdvantageInputs:
     confidence: torch.Tensor | None = None
     format_ok: torch.Tensor | None = None
     confidence_mask: torch.Tensor | None = None
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)  # what rollout_inputs returned, gathered
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """This process's slice of a generation batch, for :meth:`Method.rollout_inputs`.
+
+    ``score(prompts)`` gives ``(B, T)`` token log-probs of these very completions (no gradient, the
+    current policy) after the given prompts instead of the sampled ones: one forward per call.
+    """
+
+    prompts: list
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    step: int
+    training: bool
+    score: Callable[[list], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -75,6 +92,9 @@ class Method:
     * :meth:`sequence_loss`: replaces TRL's loss by one of the current mean token log-probs.
     * :meth:`token_logps`: replaces the log-probs TRL's loss is computed from (needs full logits).
     * :meth:`make_state`: per-run state (replay), checkpointed with the run.
+    * :attr:`rollout_inputs`: ``Rollout -> {name: (B,) or (B, T) tensor}``, extra per-sample inputs
+      computed on each process's slice (it may run forwards through ``Rollout.score``); the trainer
+      gathers them into ``AdvantageInputs.extra``.
     """
 
     name: ClassVar[str] = ""
@@ -83,6 +103,7 @@ class Method:
     parse_confidence: ClassVar[Callable[[str], Verbalized] | None] = None
     sequence_loss: ClassVar[Callable | None] = None
     token_logps: ClassVar[Callable | None] = None
+    rollout_inputs: ClassVar[Callable[[Rollout], dict[str, torch.Tensor]] | None] = None
 
     def __init__(self, config):
         self.config = config
