@@ -300,7 +300,7 @@ def test_method_constraints_and_help():
     mine = [f for m in BUILTIN if m.Args is not None and m.name != "capo" for f in fields(m.Args)]
     assert len(mine) == 22 and all(f.metadata.get("help") for f in mine)
     assert {f.name for f in mine} <= {f.name for f in fields(CAPOConfig)}  # every one is a CAPOConfig field
-    for name in ("dr_grpo", "codapo", "cde", "c2gspg", "simko", "rlcr", "dcpo"):
+    for name in ("dr_grpo", "codapo", "cde", "c2gspg", "simko", "rlcr", "dcpo", "scapo"):
         assert CAPOConfig(advantage_estimator=name, **BASE).noise_mask is False
 
 
@@ -432,9 +432,10 @@ def test_codapo_replay_replays_then_resumes_the_data(tiny_model_dir, tmp_path):
 # ---------------------------------------------------------------------------------------- compare
 @pytest.mark.slow
 def test_compare_runs_every_method_on_a_tiny_budget(tiny_model_dir, tmp_path):
-    from capo_trl.compare import PRESETS, Budget, compare, parse_methods
+    from capo_trl.harness.compare import compare
+    from capo_trl.harness.presets import PRESETS, Budget, parse_methods
 
-    methods = ["gspo", "dr_grpo", "codapo", "cde", "c2gspg", "simko", "rlcr", "dcpo"]
+    methods = ["gspo", "dr_grpo", "codapo", "cde", "c2gspg", "simko", "rlcr", "dcpo", "scapo"]
     assert set(methods) <= set(PRESETS)
     budget = Budget(steps=2, prompts_per_step=2, num_generations=2, learning_rate=1e-3, warmup_steps=0,
                     max_completion_length=6, train_problems=16, val_every=2, val_problems=2, val_samples=2,

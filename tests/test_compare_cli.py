@@ -10,8 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-import capo_trl.compare as cmp
 from capo_trl.cli import main
+from capo_trl.harness import runs
+from capo_trl.harness.presets import Budget, method_config
 
 BUDGET = ["--steps", "2", "--test-problems", "4", "--test-samples", "2", "--val-every", "1", "--val-problems", "4",
           "--val-samples", "2", "--no-progress"]
@@ -40,8 +41,8 @@ def fake(monkeypatch):
         calls.start += 1
         return _result(0.3)
 
-    monkeypatch.setattr(cmp, "train_method", train_method)
-    monkeypatch.setattr(cmp, "_evaluate_test", evaluate_test)
+    monkeypatch.setattr(runs, "train_method", train_method)
+    monkeypatch.setattr(runs, "evaluate_test", evaluate_test)
     return calls
 
 
@@ -159,7 +160,7 @@ def test_a_non_empty_output_directory_is_refused_unless_overwrite(fake, tmp_path
 
 
 def test_train_method_and_validation_build_the_same_config(tmp_path):
-    budget = cmp.Budget(steps=3, val_every=1)
-    args = cmp.method_config({"advantage_estimator": "capo", "tau": 0.3}, 7, budget, tmp_path / "r")
+    budget = Budget(steps=3, val_every=1)
+    args = method_config({"advantage_estimator": "capo", "tau": 0.3}, 7, budget, tmp_path / "r")
     assert (args.max_steps, args.seed, args.tau, args.num_generations) == (3, 7, 0.3, budget.num_generations)
     assert args.per_device_train_batch_size == budget.prompts_per_step * budget.num_generations

@@ -8,8 +8,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from capo_trl.cli import main
-from capo_trl.compare import PRESETS, parse_methods
 from capo_trl.data import ArithmeticTask, arithmetic_dataset, embedded_model_path, with_grader_noise
+from capo_trl.harness.presets import PRESETS, parse_methods
 from capo_trl.rewards import MathReward
 
 
@@ -71,7 +71,7 @@ def test_demo_compare_and_calibrate_mask_run_end_to_end(tmp_path, capsys):
     data = json.loads((out / "summary.json").read_text())
     assert set(data["summary"]) == {"start (no RL)", "grpo", "capo"}
     assert data["plotted_points"] == 2 * 3 * 3  # 2 methods x 3 panels x validations at steps 0, 1, 2
-    from capo_trl.compare import replot
+    from capo_trl.harness.compare import replot
 
     assert replot(out, val_samples=2) == data["plotted_points"]  # redrawn from metrics.csv alone
 
@@ -85,13 +85,14 @@ def test_demo_compare_and_calibrate_mask_run_end_to_end(tmp_path, capsys):
 @pytest.fixture
 def nothing_runs(monkeypatch):
     """Fails the test if a command gets as far as evaluating, training or sampling."""
-    import capo_trl.compare as cmp
+    from capo_trl.harness import calibrate_mask as mask
+    from capo_trl.harness import runs
 
     def fail(*args, **kwargs):
         raise AssertionError("work started before the bad input was caught")
 
-    for name in ("_evaluate_test", "train_method", "calibrate_mask"):
-        monkeypatch.setattr(cmp, name, fail)
+    for module, name in ((runs, "evaluate_test"), (runs, "train_method"), (mask, "calibrate_mask")):
+        monkeypatch.setattr(module, name, fail)
 
 
 def _one_line_error(capsys, command, *needles):
@@ -149,9 +150,9 @@ MEASURED = {"ref_high": 1.8, "ref_low": 1.02, "tau": 0.25, "score_spread": 0.25,
 
 
 def _measured(monkeypatch, **changes):
-    import capo_trl.compare as cmp
+    from capo_trl.harness import calibrate_mask as mask
 
-    monkeypatch.setattr(cmp, "calibrate_mask", lambda *a, **k: {**MEASURED, **changes})
+    monkeypatch.setattr(mask, "calibrate_mask", lambda *a, **k: {**MEASURED, **changes})
 
 
 @pytest.mark.parametrize("changes, needle", [

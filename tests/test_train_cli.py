@@ -157,7 +157,8 @@ def test_datasets_local_registry_and_hub(tmp_path, monkeypatch):
                                           "--dataset_columns", "problem=question", "answer=solution"])
     ds = capo_train.load_problems(script, None, None)
     assert calls == {"name": "someone/math", "config": "main", "split": "train"}
-    assert ds.column_names == ["prompt", "answer"] and ds[0]["answer"] == "6"
+    assert ds.column_names == ["prompt", "answer", "id"] and ds[0]["answer"] == "6"  # data.normalise's schema
+    assert ds[0]["id"] == "someone/math/0"
     assert ds[0]["prompt"][-1] == {"role": "user", "content": "3+3?"}  # qwen_math: conversational
 
 
@@ -216,10 +217,10 @@ def test_lora_trains_only_the_adapter_with_the_base_as_reference(tiny_model_dir,
     from accelerate.utils import is_peft_model
     from safetensors.torch import load_file
 
-    from capo_trl.trainer import CAPOTrainer
+    from capo_trl import trainer as trainer_module
 
     built = []
-    monkeypatch.setattr(CAPOTrainer, "_build_reference", lambda self, source: built.append(source))
+    monkeypatch.setattr(trainer_module, "build_reference", lambda trainer, source: built.append(source))
     out = tmp_path / "lora"
     trainer = capo_train.main(job(tiny_model_dir, problems_file, out, "--max_steps", "2", "--save_strategy", "no",
                                   "--use_peft", "true", "--lora_r", "4", "--lora_alpha", "8", "--lora_dropout", "0",

@@ -27,7 +27,8 @@ from pathlib import Path
 
 from transformers import Trainer, TrainerCallback
 
-from .evaluation import EvalResult, evaluate, new_figure
+from .evaluation import EvalResult, evaluate
+from .plots import calibration_history
 
 __all__ = ["CalibrationCallback"]
 
@@ -132,26 +133,10 @@ class CalibrationCallback(TrainerCallback):
 
     # ------------------------------------------------------------------------------- figure
     def plot(self, path) -> Path:
-        """AUROC (pooled, per question) and accuracy against training step, as one PNG."""
+        """AUROC (pooled, per question) and accuracy against training step, as one PNG (:mod:`capo_trl.plots`)."""
         if not self.history:
             raise ValueError("CalibrationCallback.plot: no evaluation has run yet.")
-        steps = [h["step"] for h in self.history]
-        fig = new_figure(9.0, 3.6)
-        left, right = fig.subplots(1, 2)
-        for key, label in (("auroc", "AUROC (pooled)"), ("auroc_question", "AUROC (per question)"),
-                           ("auroc_draw", "AUROC (per draw)")):
-            left.plot(steps, [h.get(self.prefix + key, math.nan) for h in self.history], marker="o", label=label)
-        left.set(xlabel="step", ylabel="AUROC", title="calibration")
-        left.axhline(0.5, color="gray", linestyle=":", linewidth=1)
-        for key in (f"mean@{self.n}", f"pc@{self.n}", f"maj@{self.n}"):
-            right.plot(steps, [h.get(self.prefix + key, math.nan) for h in self.history], marker="o", label=key)
-        right.set(xlabel="step", ylabel="accuracy", title="accuracy", ylim=(-0.02, 1.02))
-        left.legend(fontsize="small")
-        right.legend(fontsize="small")
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120)
-        return path
+        return calibration_history(self.history, path, prefix=self.prefix, n=self.n)
 
 
 def _zero_stage(trainer) -> int | None:

@@ -11,6 +11,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from . import data
+
+
 # ------------------------------------------------------------------------------------ eval
 # (the helpers up to add_eval_parser are shared by eval, demo, compare and calibrate-mask)
 def _one_line(run):
@@ -42,18 +45,24 @@ def _quiet(args) -> None:
         transformers.utils.logging.disable_progress_bar()
 
 
-def _role_name(text: str) -> tuple[str, str]:
+def _role_name(text: str) -> str:
     """``--column ROLE=NAME`` (an argparse type: a malformed pair is an argparse error, exit 2)."""
-    role, sep, name = text.partition("=")
-    if not sep or not role.strip() or not name.strip():
-        raise argparse.ArgumentTypeError(f"expected ROLE=NAME (e.g. problem=question), got {text!r}")
-    return role.strip(), name.strip()
+    try:
+        data.parse_column(text)
+    except data.BenchmarkError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
+    return text
+
+
+_TEMPLATES = sorted(data.PROMPT_TEMPLATES)
+_TEMPLATE_HELP = (f"prompt template (default: {data.DEFAULT_TEMPLATE}; {data.BENCHMARKS['arithmetic'].template} for "
+                  "arithmetic)")
 
 
 def _add_data_args(p) -> None:
     p.add_argument("--split", default=None, help="dataset split (default: the benchmark's)")
     p.add_argument("--column", action="append", default=[], type=_role_name, metavar="ROLE=NAME",
-                   help="column mapping for the problem/answer/id roles, e.g. --column problem=question")
+                   help=f"column mapping for the {'/'.join(data.ROLES)} roles, e.g. --column problem=question")
 
 
 def _at_least(value, flag: str, minimum: int = 1, what: str = "") -> None:
@@ -63,16 +72,14 @@ def _at_least(value, flag: str, minimum: int = 1, what: str = "") -> None:
         raise UsageError(f"{flag} must be >= {minimum}{f' ({what})' if what else ''}, got {value}.")
 
 
-def _load_problems(name: str, **kwargs):
-    """load_benchmark, with the CLI's spelling of a column mapping in its hint."""
-    from .data import BenchmarkError, load_benchmark
-
+def _load_problems(name: str, columns: list[str], **kwargs):
+    """load_benchmark of ``--column`` pairs, with the CLI's spelling of a column mapping in its hint."""
     try:
-        return load_benchmark(name, **kwargs)
-    except BenchmarkError as err:
+        return data.load_benchmark(name, columns=data.parse_columns(columns, "--column"), **kwargs)
+    except data.BenchmarkError as err:
         if "columns=" in str(err) and "--column" not in str(err):
-            raise BenchmarkError(f"{err} On the command line: --column ROLE=NAME, e.g. --column problem=question.") \
-                from err
+            raise data.BenchmarkError(f"{err} On the command line: --column ROLE=NAME, e.g. --column "
+                                      "problem=question.") from err
         raise
 
 
@@ -103,11 +110,10 @@ def add_eval_parser(subparsers) -> None:
     p.add_argument("--model", required=True, help="model directory (or hub id, with network)")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model's)")
     p.add_argument("--benchmark", required=True,
-                   help="registered name (math500, aime24, aime25, amc23, minerva, olympiadbench, deepscaler, "
-                        "arithmetic) or a local .json/.jsonl/.csv/.parquet file")
+                   help=f"registered name ({', '.join(sorted(data.BENCHMARKS))}) or a local "
+                        f"{'/'.join(data.LOCAL_SUFFIXES)} file")
     _add_data_args(p)
-    p.add_argument("--template", default=None, choices=["qwen_math", "plain", "raw"],
-                   help="prompt template (default: qwen_math; raw for arithmetic)")
+    p.add_argument("--template", default=None, choices=_TEMPLATES, help=_TEMPLATE_HELP)
     p.add_argument("--limit", type=int, default=None, help="evaluate the first N problems only")
     p.add_argument("--n", type=int, default=16, help="samples per problem (default 16)")
     p.add_argument("--ks", type=int, nargs="+", default=None, help="k values of pass@k / maj@k (default 1,2,4..n)")
@@ -149,7 +155,7 @@ def run_eval(args) -> int:
                          "only), or use --backend transformers.")
     _check_device(args.device)
     out = check_output_dir(args.out, args.overwrite)
-    problems = _load_problems(args.benchmark, split=args.split, limit=args.limit, columns=dict(args.column) or None,
+    problems = _load_problems(args.benchmark, args.column, split=args.split, limit=args.limit,
                               template=args.template)
     check_model_path(args.model, "--model")
     if args.tokenizer is not None and not Path(args.tokenizer).expanduser().is_dir():
@@ -177,7 +183,7 @@ def _add_budget_args(p, steps: int, test_problems: int) -> None:
 
 
 def _budget(args, **extra):
-    from .compare import Budget
+    from .harness.presets import Budget
 
     fields = dict(steps=args.steps, test_problems=args.test_problems, test_samples=args.test_samples,
                   grader_noise=args.grader_noise, model=args.model, progress=not args.no_progress, **extra)
@@ -198,20 +204,30 @@ def add_demo_parser(subparsers) -> None:
 
 @_one_line
 def run_demo(args) -> int:
-    from .compare import demo
+    from .harness.demo import demo
 
     _quiet(args)
     demo(_budget(args, val_every=max(1, args.steps // 2), val_problems=32), method=args.method)
     return 0
 
 
-def add_compare_parser(subparsers) -> None:
-    from .compare import PRESETS
+class _PresetsHelp(argparse.HelpFormatter):
+    """Writes the preset names into a help text when it is printed: building the parser imports no harness."""
 
+    def add_text(self, text):
+        if text and "{presets}" in text:
+            from .harness.presets import PRESETS
+
+            text = text.replace("{presets}", ", ".join(sorted(PRESETS)))
+        super().add_text(text)
+
+
+def add_compare_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "compare", help="train several methods side by side on identical data, seeds and budget",
+        formatter_class=_PresetsHelp,
         description="Every method is a preset of CAPOConfig overrides, optionally amended with :field=value "
-                    f"(presets: {', '.join(sorted(PRESETS))}); all are checked before anything trains. Writes "
+                    "(presets: {presets}); all are checked before anything trains. Writes "
                     "DIR/report.md, metrics.csv, final.csv, summary.json, val_curves.png and precision_coverage.png, "
                     "and each finished run at once to DIR/runs/<method>-seed<k>/result.json: rerunning the same "
                     "command on the same DIR resumes an interrupted comparison (only missing runs train).",
@@ -233,7 +249,8 @@ def add_compare_parser(subparsers) -> None:
 
 @_one_line
 def run_compare(args) -> int:
-    from .compare import compare, parse_methods
+    from .harness.compare import compare
+    from .harness.presets import parse_methods
 
     _quiet(args)
     methods = parse_methods(args.methods)
@@ -259,7 +276,7 @@ def add_calibrate_mask_parser(subparsers) -> None:
     p.add_argument("--limit", type=int, default=128, help="number of prompts")
     p.add_argument("--n", type=int, default=8, help="samples per prompt (the group size you train with; >= 2)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: 48 for arithmetic, else 1024")
-    p.add_argument("--template", default=None, choices=["qwen_math", "plain", "raw"])
+    p.add_argument("--template", default=None, choices=_TEMPLATES, help=_TEMPLATE_HELP)
     p.add_argument("--write-config", default=None, metavar="YAML",
                    help="set tau, tau_mode, ref_high, ref_low and ref_thresholds in this YAML recipe (created if "
                         "missing; only those lines change, comments are kept)")
@@ -268,9 +285,8 @@ def add_calibrate_mask_parser(subparsers) -> None:
 
 @_one_line
 def run_calibrate_mask(args) -> int:
-    from . import compare as harness
-    from .data import arithmetic_dataset, embedded_model_path
     from .errors import UsageError, check_model_path
+    from .harness import calibrate_mask as harness
 
     _at_least(args.limit, "--limit", what="number of prompts")
     _at_least(args.n, "--n", what="samples per prompt")
@@ -288,12 +304,12 @@ def run_calibrate_mask(args) -> int:
             if value:
                 raise UsageError(f"{flag} does not apply to arithmetic-train (the embedded task's train split); for "
                                  "another split use --benchmark arithmetic --split NAME.")
-        problems = arithmetic_dataset("train", args.limit)
+        problems = data.arithmetic_dataset("train", args.limit)
     else:
-        problems = _load_problems(args.benchmark, split=args.split, limit=args.limit,
-                                  columns=dict(args.column) or None, template=args.template)
+        problems = _load_problems(args.benchmark, args.column, split=args.split, limit=args.limit,
+                                  template=args.template)
     max_new = args.max_new_tokens or (48 if arithmetic else 1024)
-    report = harness.calibrate_mask(args.model or embedded_model_path(), None, problems, n=args.n,
+    report = harness.calibrate_mask(args.model or data.embedded_model_path(), None, problems, n=args.n,
                                     max_new_tokens=max_new)
     for key, value in report.items():
         print(f"{key:>22}: {value}")

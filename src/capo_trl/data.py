@@ -196,11 +196,42 @@ def raw_prompt(problem: str) -> str:
 
 
 PROMPT_TEMPLATES = {"qwen_math": qwen_math_prompt, "plain": plain_math_prompt, "raw": raw_prompt}
+DEFAULT_TEMPLATE = "qwen_math"  # of a math dataset that names none (the arithmetic task's is "raw")
 ROLES = ("problem", "answer", "id")
 
 
 class BenchmarkError(UsageError):
     """A benchmark cannot be loaded as asked; the message says how to fix it."""
+
+
+def parse_column(text: str, flag: str | None = None) -> tuple[str, str]:
+    """One ``ROLE=NAME`` pair of a column mapping as ``(role, name)`` (surrounding spaces dropped)."""
+    role, sep, name = (part.strip() for part in str(text).partition("="))
+    if not sep or not role or not name:
+        where = f"{flag}: " if flag else ""
+        raise BenchmarkError(f"{where}expected ROLE=NAME (e.g. problem=question), got {text!r}.")
+    return role, name
+
+
+def parse_columns(pairs, flag: str = "columns") -> dict[str, str] | None:
+    """``["problem=question", ...]`` -> ``{"problem": "question", ...}`` (None when empty); roles are checked."""
+    mapping = dict(parse_column(pair, flag) for pair in pairs or [])
+    _check_roles(mapping, flag)
+    return mapping or None
+
+
+def _check_roles(mapping: dict, flag: str) -> None:
+    unknown = sorted(set(mapping) - set(ROLES))
+    if unknown:
+        raise BenchmarkError(f"{flag}: unknown role {', '.join(map(repr, unknown))}; map any of {ROLES} to a column "
+                             "name.")
+
+
+def prompt_template(name: str):
+    """The function of :data:`PROMPT_TEMPLATES` called ``name``; a BenchmarkError naming the choices otherwise."""
+    if name not in PROMPT_TEMPLATES:
+        raise BenchmarkError(f"template={name!r}; expected one of {sorted(PROMPT_TEMPLATES)}.")
+    return PROMPT_TEMPLATES[name]
 
 
 @dataclass(frozen=True)
@@ -218,7 +249,7 @@ class BenchmarkSpec:
     answer: str = "answer"
     id: str | None = None
     config: str | None = None
-    template: str = "qwen_math"
+    template: str = DEFAULT_TEMPLATE
 
 
 BENCHMARKS: dict[str, BenchmarkSpec] = {
@@ -238,7 +269,22 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
 _ALIASES = {"math-500": "math500", "aime2024": "aime24", "aime2025": "aime25", "amc2023": "amc23",
             "minervamath": "minerva", "olympiad": "olympiadbench", "deepscaler-preview": "deepscaler"}
 _ARITHMETIC_DEFAULT_SIZE = 500
-_LOCAL_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")
+LOCAL_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")  # the local files load_benchmark reads
+
+
+def registry_key(name: str) -> str | None:
+    """The :data:`BENCHMARKS` name that ``name`` means (case-insensitive, aliases accepted), or None."""
+    key = str(name).strip().lower()
+    key = _ALIASES.get(key, key)
+    return key if key in BENCHMARKS else None
+
+
+def dataset_kind(name: str) -> str:
+    """``"registry"`` (a :data:`BENCHMARKS` name), ``"local"`` (a file name ending in :data:`LOCAL_SUFFIXES`)
+    or ``"hub"`` (anything else)."""
+    if registry_key(name) is not None:
+        return "registry"
+    return "local" if Path(name).suffix.lower() in LOCAL_SUFFIXES else "hub"
 
 
 def load_benchmark(name_or_path: str, split: str | None = None, limit: int | None = None,
@@ -253,18 +299,14 @@ def load_benchmark(name_or_path: str, split: str | None = None, limit: int | Non
     ``answer`` is a string, or a list of acceptable answers when some row has several.
     """
     spec = _resolve(name_or_path)
-    unknown = set(columns or {}) - set(ROLES)
-    if unknown:
-        raise BenchmarkError(f"columns: unknown role(s) {sorted(unknown)}; map any of {ROLES} to your column names.")
-    template = template or (spec.template if spec else "qwen_math")
-    if template not in PROMPT_TEMPLATES:
-        raise BenchmarkError(f"template={template!r}; expected one of {sorted(PROMPT_TEMPLATES)}.")
+    _check_roles(columns or {}, "columns")
+    template = template or (spec.template if spec else DEFAULT_TEMPLATE)
+    prompt_template(template)  # a bad name fails before anything loads
     if limit is not None and limit < 1:
         raise BenchmarkError(f"limit must be >= 1, got {limit}.")
     if spec is not None and spec.hub_id is None:  # the embedded arithmetic task
         ds = arithmetic_dataset(split=split or "test", n=limit or _ARITHMETIC_DEFAULT_SIZE)
-        return _normalise(ds, "arithmetic", "arithmetic", {"problem": "prompt", "answer": "answer", "id": None},
-                          None, PROMPT_TEMPLATES[template])
+        return normalise(ds, {"problem": "prompt", "answer": "answer", "id": None}, template, name="arithmetic")
     if spec is not None:
         mapping = {"problem": spec.problem, "answer": spec.answer, "id": spec.id, **(columns or {})}
         ds = _load_hub(spec, split or spec.split)
@@ -278,23 +320,21 @@ def load_benchmark(name_or_path: str, split: str | None = None, limit: int | Non
         mapping = {"problem": "problem", "answer": "answers" if "answers" in ds.column_names else "answer",
                    "id": "id" if "id" in ds.column_names else None, **(columns or {})}
         source, name, hint = repr(str(name_or_path)), Path(name_or_path).stem, ""
-    return _normalise(ds, source, name, mapping, limit, PROMPT_TEMPLATES[template], hint)
+    return normalise(ds, mapping, template, name=name, source=source, limit=limit, hint=hint)
 
 
 def _resolve(name_or_path: str) -> BenchmarkSpec | None:
     """Registry spec for a name; None for a local file; a helpful error for anything else."""
-    key = str(name_or_path).strip().lower()
-    key = _ALIASES.get(key, key)
-    if key in BENCHMARKS:
-        return BENCHMARKS[key]
-    path = Path(name_or_path)
-    if path.suffix.lower() in _LOCAL_SUFFIXES:
-        if not path.is_file():
-            raise BenchmarkError(f"Benchmark file not found: {path}.")
+    kind = dataset_kind(name_or_path)
+    if kind == "registry":
+        return BENCHMARKS[registry_key(name_or_path)]
+    if kind == "local":
+        if not Path(name_or_path).is_file():
+            raise BenchmarkError(f"Benchmark file not found: {Path(name_or_path)}.")
         return None
     raise BenchmarkError(
         f"Unknown benchmark {name_or_path!r}: not a registered name ({', '.join(sorted(BENCHMARKS))}) "
-        f"nor a local file ending in {', '.join(_LOCAL_SUFFIXES)}."
+        f"nor a local file ending in {', '.join(LOCAL_SUFFIXES)}."
     )
 
 
@@ -363,9 +403,17 @@ def _answer_text(v) -> str:
     return str(v)
 
 
-def _normalise(ds: Dataset, source: str, name: str, mapping: dict, limit: int | None, make_prompt,
-               hint: str = "") -> Dataset:
-    """Rename, check and convert to ``prompt``/``answer``/``id``; ids default to ``name/row``."""
+def normalise(ds: Dataset, mapping: dict, template: str = DEFAULT_TEMPLATE, *, name: str = "dataset",
+              source: str | None = None, limit: int | None = None, hint: str = "") -> Dataset:
+    """``ds`` as columns ``prompt``/``answer``/``id`` (all else dropped), the one schema of every loader.
+
+    ``mapping`` names the column of each role (``problem`` and ``answer`` required, ``id`` may be
+    None: ids become ``"<name>/<row>"``); a missing column is a BenchmarkError naming ``source``
+    (default: ``name``) and ending with ``hint``. The problem becomes a prompt by ``template`` (a
+    :data:`PROMPT_TEMPLATES` name); gold answers become text, or lists of text when some row has several.
+    """
+    make_prompt = prompt_template(template)
+    source = repr(name) if source is None else source
     for role in ROLES:
         col = mapping.get(role)
         if col is not None and col not in ds.column_names:

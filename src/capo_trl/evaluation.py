@@ -94,52 +94,14 @@ class EvalResult:
             for s in self.samples:
                 writer.writerow({**{k: s.get(k) for k in columns}, "confidence": math.exp(s["score"])})
         if plots:
-            paths["precision_coverage"] = _plot_precision_coverage(self, out / "precision_coverage.png")
-            paths["reliability"] = _plot_reliability(self, out / "reliability.png")
+            from . import plots as draw
+
+            paths["precision_coverage"] = draw.precision_coverage(self, out / "precision_coverage.png")
+            paths["reliability"] = draw.reliability(self, out / "reliability.png")
         else:  # plots of an earlier report saved here would describe another result
             for name in PLOT_FILES:
                 (out / name).unlink(missing_ok=True)
         return paths
-
-
-def new_figure(width: float = 5.0, height: float = 4.0):
-    """A matplotlib Figure outside pyplot: no global backend switch, no figure left open."""
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=(width, height), layout="constrained")
-
-
-def _plot_precision_coverage(result: EvalResult, path: Path) -> Path:
-    """CAPO's "Pareto" plot: precision of the most confident fraction of answers."""
-    curve = result.curves["precision_coverage"]
-    fig = new_figure()
-    ax = fig.add_subplot()
-    ax.plot(curve["coverage"], curve["precision"], label="most confident first (s)")
-    acc = result.metrics.get(f"mean@{result.config['n']}")
-    if acc is not None and not math.isnan(acc):
-        ax.axhline(acc, color="gray", linestyle="--", label=f"accuracy {acc:.3f}")
-    ax.set(xlabel="coverage", ylabel="precision", xlim=(0, 1), ylim=(-0.02, 1.02),
-           title=f"precision-coverage (AURC {result.metrics['aurc']:.3f})")
-    ax.legend(loc="best")
-    fig.savefig(path, dpi=120)
-    return path
-
-
-def _plot_reliability(result: EvalResult, path: Path) -> Path:
-    """Reliability diagram of exp(s): per-bin accuracy against the diagonal."""
-    bins = result.curves["reliability"]
-    edges = np.asarray(bins["edges"])
-    acc = np.asarray(bins["accuracy"], dtype=float)
-    fig = new_figure()
-    ax = fig.add_subplot()
-    ax.bar(edges[:-1], np.nan_to_num(acc), width=np.diff(edges), align="edge", edgecolor="black", alpha=0.7,
-           label="accuracy")
-    ax.plot([0, 1], [0, 1], color="gray", linestyle="--", label="perfect calibration")
-    ax.set(xlabel="confidence exp(s)", ylabel="accuracy", xlim=(0, 1), ylim=(0, 1),
-           title=f"reliability (ECE {result.metrics['ece']:.3f})")
-    ax.legend(loc="upper left")
-    fig.savefig(path, dpi=120)
-    return path
 
 
 def _json_safe(x):

@@ -24,7 +24,9 @@ from pathlib import Path
 
 import yaml
 
+from . import data
 from .config import CAPOConfig
+from .defaults import EMBEDDED_METHOD, TrainingBudget, training_config
 from .errors import UsageError, check_model_path, check_output_dir
 
 # Reward functions known by short name; anything else is a dotted path.
@@ -43,17 +45,17 @@ class ScriptArguments:
 
     dataset_name: str | None = field(
         default=None,
-        metadata={"help": "Training data: a capo_trl.data registry name (math500, aime24, aime25, amc23, minerva, "
-                  "olympiadbench, deepscaler, arithmetic), a hub dataset id, or a local .json/.jsonl/.csv/.parquet "
-                  "file with 'problem' and 'answer' columns. Default: the embedded arithmetic task."},
+        metadata={"help": f"Training data: a capo_trl.data registry name ({', '.join(sorted(data.BENCHMARKS))}), a "
+                  f"hub dataset id, or a local {'/'.join(data.LOCAL_SUFFIXES)} file with 'problem' and 'answer' "
+                  "columns. Default: the embedded arithmetic task."},
     )
     dataset_config: str | None = field(
         default=None, metadata={"help": "Configuration name of a hub dataset id (load_dataset's `name`)."},
     )
     dataset_train_split: str | None = field(
         default=None,
-        metadata={"help": "Split to train on. Default: the registry's split for a registered name ('train' for "
-                  "arithmetic and deepscaler), 'train' for a hub id; not allowed for a local file."},
+        metadata={"help": "Split to train on. Default: 'train' for arithmetic, the registry's split for another "
+                  "registered name (capo_trl.data.BENCHMARKS), 'train' for a hub id; not allowed for a local file."},
     )
     dataset_test_split: str | None = field(
         default=None,
@@ -64,14 +66,15 @@ class ScriptArguments:
     )
     dataset_columns: list[str] | None = field(
         default=None,
-        metadata={"help": "Column mapping ROLE=NAME for the roles problem, answer and id, e.g. "
+        metadata={"help": f"Column mapping ROLE=NAME for the roles {', '.join(data.ROLES)}, e.g. "
                   "--dataset_columns problem=question answer=final_answer (a YAML mapping also works)."},
     )
     prompt_template: str | None = field(
         default=None,
-        metadata={"help": "How a problem becomes a prompt: 'qwen_math' (chat messages with the Qwen2.5-Math system "
-                  "prompt; default for math), 'plain' (text) or 'raw' (the problem unchanged; default for "
-                  "arithmetic).", "choices": ["qwen_math", "plain", "raw"]},
+        metadata={"help": f"How a problem becomes a prompt: one of {', '.join(sorted(data.PROMPT_TEMPLATES))} "
+                  "(capo_trl.data.PROMPT_TEMPLATES). Default: the registry's for a registered name "
+                  f"('{data.BENCHMARKS['arithmetic'].template}' for arithmetic), else '{data.DEFAULT_TEMPLATE}'.",
+                  "choices": sorted(data.PROMPT_TEMPLATES)},
     )
     max_prompt_length: int | None = field(
         default=None,
@@ -98,17 +101,7 @@ class ScriptArguments:
 
     def columns(self) -> dict[str, str] | None:
         """``dataset_columns`` as ``{role: column}``."""
-        from .data import ROLES
-
-        out = {}
-        for pair in self.dataset_columns or []:
-            role, sep, name = str(pair).partition("=")
-            if not sep or not role or not name:
-                raise ValueError(f"dataset_columns: expected ROLE=NAME, got {pair!r}.")
-            if role not in ROLES:
-                raise ValueError(f"dataset_columns: unknown role {role!r}; map any of {ROLES} to a column name.")
-            out[role] = name
-        return out or None
+        return data.parse_columns(self.dataset_columns, "dataset_columns")
 
 
 # ------------------------------------------------------------------------------------------ parsing
@@ -124,20 +117,12 @@ def make_parser(prog: str = "capo-trl train"):
 
 
 def embedded_defaults() -> dict:
-    """Trainer settings for the embedded tiny model: those of ``capo-trl demo`` (the ``capo`` preset).
+    """Trainer settings for the embedded tiny model (:mod:`capo_trl.defaults`): those of ``capo-trl demo``.
 
     They are parser defaults, so a recipe or a flag still overrides each of them.
     """
-    from .compare import PRESETS, Budget
-
-    budget = Budget()
-    return dict(
-        max_steps=budget.steps, learning_rate=budget.learning_rate, warmup_steps=budget.warmup_steps,
-        num_generations=budget.num_generations,
-        per_device_train_batch_size=budget.prompts_per_step * budget.num_generations,
-        max_completion_length=budget.max_completion_length, temperature=1.0, gradient_checkpointing=False,
-        logging_steps=5, report_to="none", output_dir="runs/capo-arith-tiny", **PRESETS["capo"],
-    )
+    return dict(**training_config(TrainingBudget()), **EMBEDDED_METHOD, gradient_checkpointing=False,
+                logging_steps=5, output_dir="runs/capo-arith-tiny")
 
 
 def _has_accelerator() -> bool:
@@ -201,9 +186,7 @@ def parse_args(argv: list[str] | None = None):
     if not given("model_name_or_path"):
         defaults.update(embedded_defaults())
         if not given("dataset_name"):
-            from .compare import Budget
-
-            defaults["dataset_limit"] = Budget().train_problems  # the arithmetic problems `capo-trl demo` trains on
+            defaults["dataset_limit"] = TrainingBudget().train_problems  # the problems `capo-trl demo` trains on
     parser.set_defaults(**defaults)
     script_args, training_args, model_args = parser.parse_args_and_config(argv)
     check_args(script_args, training_args, model_args)
@@ -222,7 +205,7 @@ def check_args(script_args: ScriptArguments, training_args: CAPOConfig, model_ar
     if script_args.max_prompt_length is not None and script_args.max_prompt_length < 1:
         raise ValueError(f"max_prompt_length must be >= 1, got {script_args.max_prompt_length}.")
     name = script_args.dataset_name
-    if name is not None and _dataset_kind(name) == "local":
+    if name is not None and data.dataset_kind(name) == "local":
         if script_args.dataset_train_split is not None:
             raise UsageError(f"dataset_train_split does not apply to a local file ({name}): give each split its own "
                              "file.")
@@ -236,7 +219,7 @@ def preflight(script_args: ScriptArguments, training_args: CAPOConfig, model_arg
     from transformers.trainer_utils import get_last_checkpoint
 
     name = script_args.dataset_name
-    if name is not None and _dataset_kind(name) == "local" and not Path(name).is_file():
+    if name is not None and data.dataset_kind(name) == "local" and not Path(name).is_file():
         raise UsageError(f"dataset_name {name}: no such file. Give an existing .json/.jsonl/.csv/.parquet file, "
                          "a registry name or a hub dataset id.")
     if model_args.model_name_or_path is not None:
@@ -277,36 +260,20 @@ def resolve_reward(spec: str) -> Callable:
 
 
 # ------------------------------------------------------------------------------------------ data
-_LOCAL_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")  # what load_benchmark reads
-
-
-def _dataset_kind(name: str) -> str:
-    """'registry', 'local' or 'hub': which of the three loaders a dataset_name goes to."""
-    from . import data
-
-    key = name.strip().lower()
-    if getattr(data, "_ALIASES", {}).get(key, key) in data.BENCHMARKS:
-        return "registry"
-    if Path(name).suffix.lower() in _LOCAL_SUFFIXES:
-        return "local"
-    return "hub"
-
-
 def load_problems(script_args: ScriptArguments, split: str | None, limit: int | None):
-    """The dataset as ``prompt``/``answer``/``id`` rows: registry name, local file or hub id."""
-    from .data import PROMPT_TEMPLATES, load_benchmark
-
+    """The dataset as ``prompt``/``answer``/``id`` rows (:func:`capo_trl.data.normalise`): registry name,
+    local file or hub id."""
     name = script_args.dataset_name or "arithmetic"
-    kind = _dataset_kind(name)
+    kind = data.dataset_kind(name)
     if kind != "hub" and script_args.dataset_config is not None:
         raise UsageError(f"dataset_config applies to hub dataset ids only, not to {name!r}.")
     if kind == "registry":
-        arithmetic = name.strip().lower() == "arithmetic"
-        return load_benchmark(name, split=split or ("train" if arithmetic else None), limit=limit,
-                              columns=script_args.columns(), template=script_args.prompt_template)
+        arithmetic = data.registry_key(name) == "arithmetic"
+        return data.load_benchmark(name, split=split or ("train" if arithmetic else None), limit=limit,
+                                   columns=script_args.columns(), template=script_args.prompt_template)
     if kind == "local":
-        return load_benchmark(name, split=None, limit=limit, columns=script_args.columns(),
-                              template=script_args.prompt_template)
+        return data.load_benchmark(name, split=None, limit=limit, columns=script_args.columns(),
+                                   template=script_args.prompt_template)
     import datasets
 
     try:
@@ -315,16 +282,10 @@ def load_problems(script_args: ScriptArguments, split: str | None, limit: int | 
         offline = " (HF_HUB_OFFLINE is set)" if datasets.config.HF_HUB_OFFLINE else ""
         raise UsageError(f"dataset_name {name!r}: cannot load it as a hub dataset{offline}: {type(err).__name__}: "
                          f"{str(err).splitlines()[0] if str(err) else ''}. Give a registry name or a local file.") from err
-    mapping = {"problem": "problem", "answer": "answer", **(script_args.columns() or {})}
-    missing = [f"{role}->{col}" for role, col in mapping.items() if role != "id" and col not in ds.column_names]
-    if missing:
-        raise UsageError(f"Dataset {name!r} lacks column(s) {missing} (columns: {ds.column_names}); map them with "
-                         "dataset_columns, e.g. problem=question.")
-    if limit is not None:
-        ds = ds.select(range(min(limit, len(ds))))
-    make_prompt = PROMPT_TEMPLATES[script_args.prompt_template or "qwen_math"]
-    return ds.map(lambda row: {"prompt": make_prompt(str(row[mapping["problem"]])), "answer": row[mapping["answer"]]},
-                  remove_columns=ds.column_names)
+    mapping = {"problem": "problem", "answer": "answer", "id": None, **(script_args.columns() or {})}
+    return data.normalise(ds, mapping, script_args.prompt_template or data.DEFAULT_TEMPLATE, name=name,
+                          source=f"{name!r} (hub dataset, split {split or 'train'!r})", limit=limit,
+                          hint=" In a recipe or on the command line: dataset_columns ROLE=NAME, e.g. problem=question.")
 
 
 def drop_long_prompts(ds, tokenizer, max_tokens: int):
@@ -348,10 +309,9 @@ def build_trainer(script_args: ScriptArguments, training_args: CAPOConfig, model
     from transformers import AutoTokenizer
     from trl import get_peft_config, get_quantization_config
 
-    from .data import embedded_model_path
     from .trainer import CAPOTrainer
 
-    model = model_args.model_name_or_path or embedded_model_path()
+    model = model_args.model_name_or_path or data.embedded_model_path()
     init_kwargs = dict(revision=model_args.model_revision, attn_implementation=model_args.attn_implementation,
                        dtype=model_args.dtype)
     quantization_config = get_quantization_config(model_args)

@@ -1,0 +1,10 @@
+"""The experiment harness: methods side by side on the embedded default (``capo-trl demo``,
+``compare`` and ``calibrate-mask``). Nothing in the production path (``train``, ``trainer``,
+``config``, ``data``, ``evaluation``) imports it.
+
+- :mod:`~capo_trl.harness.presets`: the method presets, the budget, their checks.
+- :mod:`~capo_trl.harness.runs`: one run (train one method with one seed) and the test evaluation.
+- :mod:`~capo_trl.harness.compare`: several methods and seeds, saved per run, resumed, reported.
+- :mod:`~capo_trl.harness.demo`: one method, before and after.
+- :mod:`~capo_trl.harness.calibrate_mask`: tau and the mask thresholds of a reference model.
+"""

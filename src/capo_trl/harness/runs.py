@@ -1,0 +1,64 @@
+"""One run of the harness: train one method with one seed, validate it during training, evaluate it on
+the test split; and the start model (no RL) evaluated the same way."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..data import arithmetic_dataset, embedded_model_path, with_grader_noise
+from .presets import Budget, method_config
+
+HEADLINE = ("accuracy", "auroc", "auroc_question", "ece")
+START = "start (no RL)"
+
+
+def headline(metrics: dict, n: int) -> dict:
+    """The numbers a comparison reports, from an evaluation with ``n`` samples per problem."""
+    return {"accuracy": metrics.get(f"mean@{n}"), "auroc": metrics.get("auroc"),
+            "auroc_question": metrics.get("auroc_question"), "ece": metrics.get("ece")}
+
+
+def _reward(budget: Budget):
+    from ..rewards import math_accuracy_reward
+
+    return with_grader_noise(math_accuracy_reward, budget.grader_noise) if budget.grader_noise else math_accuracy_reward
+
+
+def evaluate_test(model, tokenizer, budget: Budget, seed: int):
+    """``model`` on the budget's test split (temperature 1): an EvalResult."""
+    from ..evaluation import evaluate
+
+    problems = arithmetic_dataset("test", budget.test_problems)
+    return evaluate(model, tokenizer, problems, n=budget.test_samples, max_new_tokens=budget.max_completion_length,
+                    temperature=1.0, seed=seed, progress=budget.progress)
+
+
+def evaluate_start(budget: Budget):
+    """The start model (no RL) on the test split, loaded as training loads it (fp32)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = budget.model or embedded_model_path()
+    return evaluate_test(AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path), budget,
+                         seed=0)
+
+
+def train_method(overrides: dict, seed: int, budget: Budget, out_dir: Path):
+    """Train one method with one seed; returns (trainer, validation history, test EvalResult)."""
+    from transformers import AutoTokenizer
+
+    from ..callbacks import CalibrationCallback
+    from ..trainer import CAPOTrainer
+
+    model = budget.model or embedded_model_path()
+    args = method_config(overrides, seed, budget, out_dir)
+    train = arithmetic_dataset("train", budget.train_problems, seed=seed)
+    trainer = CAPOTrainer(model=model, reward_funcs=_reward(budget), args=args, train_dataset=train)
+    monitor = CalibrationCallback(arithmetic_dataset("validation", budget.val_problems), every_n_steps=budget.val_every,
+                                  n=budget.val_samples, seed=seed)
+    trainer.add_callback(monitor.bind(trainer))
+    trainer.train()
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    return trainer, monitor.history, evaluate_test(trainer.model, tokenizer, budget, seed)
+
+
+__all__ = ["HEADLINE", "START", "evaluate_start", "evaluate_test", "headline", "train_method"]
