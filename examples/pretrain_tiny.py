@@ -25,7 +25,7 @@ import torch  # noqa: E402
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, set_seed  # noqa: E402
 from trl import SFTConfig, SFTTrainer  # noqa: E402
 
-from capo_trl.data import ARITHMETIC_CHARS, arithmetic_dataset, char_tokenizer  # noqa: E402
+from capo_trl.arithmetic import ARITHMETIC_CHARS, arithmetic_dataset, char_tokenizer  # noqa: E402
 
 PACKAGE_ASSET = Path(__file__).resolve().parents[1] / "src" / "capo_trl" / "assets" / "arith-tiny"
 # Renders the last user message as is, so a conversational prompt and the plain-text prompt

@@ -7,11 +7,11 @@ import pytest
 from datasets import Dataset
 
 from capo_trl import data
+from capo_trl.arithmetic import arithmetic_dataset
 from capo_trl.data import (
     BENCHMARKS,
     QWEN_MATH_SYSTEM,
     BenchmarkError,
-    arithmetic_dataset,
     load_benchmark,
     plain_math_prompt,
     qwen_math_prompt,
@@ -108,18 +108,20 @@ def test_arithmetic_is_a_registry_name():
 
 
 def test_embedded_model_path(tmp_path, monkeypatch):
-    monkeypatch.setattr(data, "EMBEDDED_MODEL_DIR", tmp_path)
+    from capo_trl import arithmetic
+
+    monkeypatch.setattr(arithmetic, "EMBEDDED_MODEL_DIR", tmp_path)
     with pytest.raises(FileNotFoundError, match="pretrain_tiny.py"):
-        data.embedded_model_path()
+        arithmetic.embedded_model_path()
     (tmp_path / "config.json").write_text("{}")
-    assert data.embedded_model_path() == str(tmp_path)
+    assert arithmetic.embedded_model_path() == str(tmp_path)
 
 
 def test_char_tokenizer_round_trips_next_to_a_qwen2_config(tmp_path):
     """transformers 5 reloads it as Qwen2Tokenizer; spaces and backslashes must survive that."""
     from transformers import AutoTokenizer, Qwen2Config
 
-    from capo_trl.data import char_tokenizer
+    from capo_trl.arithmetic import char_tokenizer
 
     tokenizer = char_tokenizer()
     text = "Compute 35+8-27. 35+8=43. \\boxed{16}"

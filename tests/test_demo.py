@@ -8,7 +8,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from capo_trl.cli import main
-from capo_trl.data import ArithmeticTask, arithmetic_dataset, embedded_model_path, with_grader_noise
+from capo_trl.arithmetic import ArithmeticTask, arithmetic_dataset, embedded_model_path
+from capo_trl.data import with_grader_noise
 from capo_trl.harness.presets import PRESETS, parse_methods
 from capo_trl.rewards import MathReward
 

@@ -240,12 +240,12 @@ def test_lora_trains_only_the_adapter_with_the_base_as_reference(tiny_model_dir,
 
 def test_embedded_default_trains(tiny_model_dir, tmp_path, monkeypatch):
     """`capo-trl train` with no model: the embedded model (else the tiny test model), arithmetic, math reward."""
-    from capo_trl import data
+    from capo_trl import arithmetic
 
     try:
-        data.embedded_model_path()
+        arithmetic.embedded_model_path()
     except FileNotFoundError:
-        monkeypatch.setattr(data, "embedded_model_path", lambda: tiny_model_dir)
+        monkeypatch.setattr(arithmetic, "embedded_model_path", lambda: tiny_model_dir)
     trainer = capo_train.main(["--max_steps", "1", "--per_device_train_batch_size", "8",
                                "--max_completion_length", "8", "--dataset_limit", "16", "--save_strategy", "no",
                                "--disable_tqdm", "true", "--output_dir", str(tmp_path / "out")])

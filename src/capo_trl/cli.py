@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import data
+from . import arithmetic, data
 
 
 # ------------------------------------------------------------------------------------ eval
@@ -298,18 +298,18 @@ def run_calibrate_mask(args) -> int:
         check_model_path(args.model, "--model")
     path = Path(args.write_config) if args.write_config else None
     text = harness.read_recipe(path) if path else None
-    arithmetic = args.benchmark == "arithmetic-train"
-    if arithmetic:
+    embedded_task = args.benchmark == "arithmetic-train"
+    if embedded_task:
         for flag, value in (("--split", args.split), ("--column", args.column)):
             if value:
                 raise UsageError(f"{flag} does not apply to arithmetic-train (the embedded task's train split); for "
                                  "another split use --benchmark arithmetic --split NAME.")
-        problems = data.arithmetic_dataset("train", args.limit)
+        problems = arithmetic.arithmetic_dataset("train", args.limit)
     else:
         problems = _load_problems(args.benchmark, args.column, split=args.split, limit=args.limit,
                                   template=args.template)
-    max_new = args.max_new_tokens or (48 if arithmetic else 1024)
-    report = harness.calibrate_mask(args.model or data.embedded_model_path(), None, problems, n=args.n,
+    max_new = args.max_new_tokens or (48 if embedded_task else 1024)
+    report = harness.calibrate_mask(args.model or arithmetic.embedded_model_path(), None, problems, n=args.n,
                                     max_new_tokens=max_new)
     for key, value in report.items():
         print(f"{key:>22}: {value}")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from . import data
+from . import arithmetic, data
 from .config import CAPOConfig
 from .defaults import EMBEDDED_METHOD, TrainingBudget, training_config
 from .errors import UsageError, check_model_path, check_output_dir
@@ -311,7 +311,7 @@ def build_trainer(script_args: ScriptArguments, training_args: CAPOConfig, model
 
     from .trainer import CAPOTrainer
 
-    model = model_args.model_name_or_path or data.embedded_model_path()
+    model = model_args.model_name_or_path or arithmetic.embedded_model_path()
     init_kwargs = dict(revision=model_args.model_revision, attn_implementation=model_args.attn_implementation,
                        dtype=model_args.dtype)
     quantization_config = get_quantization_config(model_args)

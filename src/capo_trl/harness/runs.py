@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..data import arithmetic_dataset, embedded_model_path, with_grader_noise
+from ..arithmetic import arithmetic_dataset, embedded_model_path
+from ..data import with_grader_noise
 from .presets import Budget, method_config
 
 HEADLINE = ("accuracy", "auroc", "auroc_question", "ece")
