@@ -23,14 +23,14 @@ original_scores, original_generate = trainer._rollout_scores, trainer._generate_
 local = {}
 
 
-def spy_scores(out, loss_mask):
-    local["scores"] = original_scores(out, loss_mask)
+def spy_scores(out, loss_mask, record):
+    local["scores"] = original_scores(out, loss_mask, record)
     return local["scores"]
 
 
 def spy_generate(inputs):
     out = original_generate(inputs)
-    rewards = trainer._total_rewards()
+    rewards = trainer._record.rewards
     all_scores = acc.gather(local["scores"])
     distributed = acc.gather(out["advantages"])
     single = capo_advantages(rewards, all_scores, 4, args.tau, args.advantage_normalization)
