@@ -1,10 +1,12 @@
 """capo-trl: Calibration-Aware Policy Optimization for TRL."""
 
 from .advantages import capo_advantages, grpo_advantages, noise_mask
+from .callbacks import CalibrationCallback
 from .config import CAPOConfig
 from .methods import Method, register_method
 from .trainer import CAPOTrainer
 
 __version__ = "0.1.0.dev0"
 
-__all__ = ["CAPOConfig", "CAPOTrainer", "Method", "register_method", "capo_advantages", "grpo_advantages", "noise_mask", "__version__"]
+__all__ = ["CAPOConfig", "CAPOTrainer", "CalibrationCallback", "Method", "register_method", "capo_advantages",
+           "grpo_advantages", "noise_mask", "__version__"]

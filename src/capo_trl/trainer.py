@@ -12,11 +12,12 @@ It wraps (never copies) three GRPOTrainer methods:
 from __future__ import annotations
 
 import copy
-import inspect
 import math
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import trl
@@ -37,12 +38,34 @@ from .methods.base import verbalized_inputs
 from .monitor import rollout_metrics
 from .reference import ReferenceScoreCache, RolloutLogprobRecorder, build_reference, sequence_keys
 
+if TYPE_CHECKING:  # the constructor's annotations (GRPOTrainer's parameters), without importing these at runtime
+    from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict
+    from peft import PeftConfig, PeftModel
+    from transformers import (
+        BitsAndBytesConfig,
+        PreTrainedModel,
+        PreTrainedTokenizerBase,
+        ProcessorMixin,
+        TrainerCallback,
+    )
+
+    RewardFunc = str | PreTrainedModel | Callable[..., list[float | None]]
+
 TESTED_TRL = "1.16"
 if ".".join(Version(trl.__version__).base_version.split(".")[:2]) != TESTED_TRL:
     raise ImportError(
         f"capo-trl wraps private GRPOTrainer methods and was tested with trl {TESTED_TRL}.x, but trl "
         f"{trl.__version__} is installed. Install a matching version: pip install 'trl=={TESTED_TRL}.*'."
     )
+
+CAPO_CITATION = """\
+@inproceedings{wang2026capo,
+    title        = {{Calibration-Aware Policy Optimization for Reasoning LLMs}},
+    author       = {Ziqi Wang and Xingzhou Lou and Meiqi Wu and Zhengqi Wen and Junge Zhang and others},
+    booktitle    = {Proceedings of the 64th Annual Meeting of the Association for Computational Linguistics (ACL)},
+    year         = 2026,
+    eprint       = {arXiv:2604.12632},
+}"""
 
 # What CAPO keeps across steps, one file per process in each checkpoint (like transformers' rng_state_N.pth).
 CAPO_STATE = "capo_state_{}.pt"
@@ -83,8 +106,29 @@ class CAPOTrainer(GRPOTrainer):
 
     _tag_names = ["trl", "grpo", "capo"]
     _name = "CAPO"
+    _paper = {  # the model card's method and citation (GRPOTrainer's would credit DeepSeekMath)
+        "title": "Calibration-Aware Policy Optimization for Reasoning LLMs",
+        "id": "2604.12632",
+        "citation": CAPO_CITATION,
+    }
 
-    def __init__(self, model, reward_funcs=None, args: CAPOConfig | None = None, *pargs, **kwargs):
+    def __init__(
+        self,
+        model: str | PreTrainedModel | PeftModel,
+        reward_funcs: RewardFunc | list[RewardFunc] | None = None,
+        args: CAPOConfig | None = None,
+        train_dataset: Dataset | IterableDataset | None = None,
+        eval_dataset: Dataset | IterableDataset | DatasetDict | IterableDatasetDict | dict | None = None,
+        processing_class: PreTrainedTokenizerBase | ProcessorMixin | None = None,
+        reward_processing_classes: PreTrainedTokenizerBase | list[PreTrainedTokenizerBase] | None = None,
+        callbacks: list[TrainerCallback] | None = None,
+        optimizers: tuple[torch.optim.Optimizer | None, torch.optim.lr_scheduler.LambdaLR | None] = (None, None),
+        quantization_config: BitsAndBytesConfig | None = None,
+        peft_config: PeftConfig | None = None,
+        tools: list[Callable] | None = None,
+        rollout_func: Callable | None = None,
+        environment_factory: Callable | dict[str, Callable] | None = None,
+    ):
         if args is None:
             name = model if isinstance(model, str) else get_config_model_id(model.config) or "model"
             args = CAPOConfig(output_dir=f"{name.split('/')[-1]}-CAPO")
@@ -93,16 +137,16 @@ class CAPOTrainer(GRPOTrainer):
                 f"CAPOTrainer needs a CAPOConfig, got {type(args).__name__}. Replace GRPOConfig(...) with "
                 "CAPOConfig(...): it accepts every GRPOConfig field."
             )
-        bound = inspect.signature(GRPOTrainer.__init__).bind(self, model, reward_funcs, args, *pargs, **kwargs)
-        check_dataset_size(bound.arguments.get("train_dataset"), args)  # before any model is loaded
-        peft_config = bound.arguments.get("peft_config")
-        self._quantization_config = bound.arguments.get("quantization_config")
+        check_dataset_size(train_dataset, args)  # before any model is loaded
+        self._quantization_config = quantization_config
         needs_own_ref = bool(args.noise_mask) and args.beta == 0.0 and peft_config is None and (
             isinstance(model, str) or not is_peft_model(model)
         )
         # The reference is the *initial* policy: copy an in-memory model before TRL patches or trains it.
         ref_source = copy.deepcopy(model) if needs_own_ref and not isinstance(model, str) else model
-        super().__init__(model, reward_funcs, args, *pargs, **kwargs)
+        super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, processing_class,
+                         reward_processing_classes, callbacks, optimizers, quantization_config, peft_config, tools,
+                         rollout_func, environment_factory)
         self._capo_ref_model = build_reference(self, ref_source) if needs_own_ref else None
         self._ref_cache = ReferenceScoreCache(args.ref_cache_size)
         self._ref_cache_usable = args.ref_cache_size > 0 and not (self._dist.is_zero3 or self.is_fsdp_enabled)
@@ -116,6 +160,24 @@ class CAPOTrainer(GRPOTrainer):
                              context, self.max_completion_length, "train_dataset")
 
     # ----------------------------------------------------------------------------------- setup
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
+        """TRL's card (CAPO named and cited through ``_paper``), plus the method and mask settings used."""
+        super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
+        if not self.is_world_process_zero():
+            return
+        a = self.args
+        fields = {"advantage_estimator": a.advantage_estimator, **(vars(self.method.args) if self.method.args else {}),
+                  "noise_mask": a.noise_mask, "beta": a.beta, "loss_type": a.loss_type,
+                  "num_generations": a.num_generations}
+        if a.noise_mask:
+            fields.update(ref_thresholds=a.ref_thresholds, ref_high=a.ref_high, ref_low=a.ref_low,
+                          correct_threshold=a.correct_threshold)
+        if a.method_kwargs:
+            fields["method_kwargs"] = a.method_kwargs
+        rows = "\n".join(f"| `{k}` | `{v!r}` |" for k, v in fields.items())
+        with open(os.path.join(a.output_dir, "README.md"), "a") as f:
+            f.write(f"\n## CAPO settings\n\nTrained with capo-trl's `CAPOTrainer`:\n\n| field | value |\n|---|---|\n{rows}\n")
+
     # ----------------------------------------------------------------------------------- checkpoints
     def _capo_state(self) -> dict:
         """Everything CAPO carries from step to step, so that resuming a run equals not stopping it."""
