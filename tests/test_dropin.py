@@ -43,3 +43,40 @@ def test_python_dash_m_typed_package_and_one_version():
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert 'dynamic = ["version"]' in pyproject and capo_trl.__version__ not in pyproject
     assert capo_trl.CalibrationCallback.__module__ == "capo_trl.callbacks"
+
+
+def test_multi_objective_aggregation_is_honoured_or_refused(tiny_model_dir, tmp_path):
+    import pytest
+    import torch
+
+    base = dict(use_cpu=True, bf16=False, report_to="none", per_device_train_batch_size=8, num_generations=4,
+                max_steps=1, max_completion_length=6, save_strategy="no", seed=1, logging_steps=1)
+    for name in ("capo", "dr_grpo", "cde", "c2gspg", "rlcr", "dcpo"):
+        with pytest.raises(ValueError, match=f"multi_objective_aggregation='normalize_then_sum' is not honoured "
+                                             f"by advantage_estimator='{name}'"):
+            CAPOConfig(output_dir=str(tmp_path), advantage_estimator=name,
+                       multi_objective_aggregation="normalize_then_sum", **base)
+
+    def length_reward(completions, **kwargs):
+        return [len(c) / 8.0 for c in completions]
+
+    seen = {}
+    for label, cls, config_cls in (("trl", GRPOTrainer, None), ("capo", CAPOTrainer, CAPOConfig)):
+        from trl import GRPOConfig
+
+        args = (config_cls or GRPOConfig)(output_dir=str(tmp_path / label), multi_objective_aggregation=
+                                          "normalize_then_sum", **({"advantage_estimator": "grpo"} if config_cls
+                                                                  else {}), **base)
+        trainer = cls(model=tiny_model_dir, reward_funcs=[digit_reward, length_reward], args=args,
+                      train_dataset=tiny_dataset())
+        original = trainer._generate_and_score_completions
+
+        def spy(inputs, original=original, label=label):
+            out = original(inputs)
+            seen[label] = out["advantages"].clone()
+            return out
+
+        trainer._generate_and_score_completions = spy
+        torch.manual_seed(0)
+        trainer.train()
+    torch.testing.assert_close(seen["capo"], seen["trl"])  # TRL's own normalize-then-sum advantages

@@ -100,6 +100,9 @@ class Method:
     name: ClassVar[str] = ""
     Args: ClassVar[type | None] = None
     default_noise_mask: ClassVar[bool] = False  # what CAPOConfig.noise_mask=None means for this method
+    # Whether the advantages follow GRPOConfig.multi_objective_aggregation: true for methods built on
+    # TRL's own advantages (which apply it); the others see one weighted total reward per completion.
+    honours_aggregation: ClassVar[bool] = False
     parse_confidence: ClassVar[Callable[[str], Verbalized] | None] = None
     sequence_loss: ClassVar[Callable | None] = None
     token_logps: ClassVar[Callable | None] = None
@@ -108,6 +111,12 @@ class Method:
     def __init__(self, config):
         self.config = config
         self.args = self.bind_args(config, selected=True)
+        aggregation = getattr(config, "multi_objective_aggregation", "sum_then_normalize")
+        if aggregation != "sum_then_normalize" and not self.honours_aggregation:
+            raise ValueError(
+                f"CAPOConfig.multi_objective_aggregation={aggregation!r} is not honoured by advantage_estimator="
+                f"{self.name!r}: it computes its advantages from the weighted total reward. Use "
+                "'sum_then_normalize', or a method built on TRL's advantages (grpo, codapo, simko, scapo).")
         self.check(config)
 
     # ---------------------------------------------------------------------------- settings

@@ -110,6 +110,7 @@ class CoDaPO(Method):
     """GRPO's advantage times the group's difficulty x confidence weight; the replay is its state."""
 
     name = "codapo"
+    honours_aggregation = True  # its advantages are (built on) TRL\'s
     Args = CoDaPOArgs
 
     @classmethod

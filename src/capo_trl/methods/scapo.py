@@ -74,6 +74,7 @@ class SCAPO(Method):
     """GRPO's advantage per token, times the semifactual stability weight while the schedule is on."""
 
     name = "scapo"
+    honours_aggregation = True  # its advantages are (built on) TRL\'s
     Args = SCAPOArgs
 
     @classmethod

@@ -64,6 +64,7 @@ class SimKO(Method):
     """Plain GRPO advantage; SimKO changes the log-probs TRL's loss is computed from."""
 
     name = "simko"
+    honours_aggregation = True  # its advantages are (built on) TRL\'s
     Args = SimKOArgs
 
     @classmethod
