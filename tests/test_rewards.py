@@ -10,10 +10,12 @@ import threading
 import time
 from pathlib import Path
 
+import math_verify
 import pytest
 
 from capo_trl.rewards import MathReward, boxed_format_reward, last_boxed, math_accuracy_reward
 
+_real_parse = math_verify.parse
 DATA = Path(__file__).resolve().parent / "data"
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"
 BENCHMARKS = ["math500", "aime24", "amc23", "minerva", "olympiadbench"]
@@ -48,6 +50,21 @@ def _benchmark_rows(name):
     # CI without ../shared: the sample shipped with the tests (never skip silently)
     rows = [json.loads(line) for line in (DATA / "benchmarks_sample.jsonl").open()]
     return [r for r in rows if r["benchmark"] == name], "tests/data/benchmarks_sample.jsonl"
+
+
+def _wait_for(fn, limit):
+    """Run fn in a daemon thread; (finished, result, seconds). A hang fails the test, not the run."""
+    box = {}
+
+    def run():
+        t0 = time.monotonic()
+        box["out"] = fn()
+        box["dt"] = time.monotonic() - t0
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    th.join(limit)
+    return not th.is_alive(), box.get("out"), box.get("dt")
 
 
 @pytest.mark.parametrize("name", BENCHMARKS)
@@ -184,9 +201,10 @@ def test_equivalent_and_extract_are_deadline_protected(fast):
 
 
 def test_killed_worker_loses_no_result():
-    with MathReward(timeout=5, workers=2) as r:
+    """Both workers SIGKILLed mid-batch, at any point of pebble's hand-over (it used to hang 1 run in 8)."""
+    with MathReward(timeout=2, workers=2) as r:
         r.grade([r"\boxed{1}"], ["1"])  # start the pool
-        before = {p.pid for p in multiprocessing.active_children()}
+        before = set(r._worker_pids())
         n = 300
         preds = [r"\boxed{x^{%d} + %d x + 1}" % (i % 7 + 2, i) for i in range(n)]
         golds = [r"x^{%d} + %d x + 1" % (i % 7 + 2, i if i % 4 else i + 1) for i in range(n)]
@@ -194,15 +212,16 @@ def test_killed_worker_loses_no_result():
 
         def killer():
             time.sleep(0.3)
-            for p in multiprocessing.active_children():
-                if p.pid in before:
-                    os.kill(p.pid, signal.SIGKILL)
-                    killed.append(p.pid)
+            for pid in before:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
 
         th = threading.Thread(target=killer)
         th.start()
-        out = r.grade(preds, golds)
+        done, out, dt = _wait_for(lambda: r.grade(preds, golds), r.batch_time_limit(n) + 5)
         th.join()
+        assert done, "grading hung after its workers were killed"
+        assert dt <= r.batch_time_limit(n)
         assert killed, "no worker was killed"
         assert out == [0.0 if i % 4 == 0 else 1.0 for i in range(n)]
         assert r.stats["worker_died"] == 0  # the lost item was retried in a fresh worker
@@ -240,3 +259,251 @@ def test_missing_gold_column_is_explained():
 def test_length_mismatch(reward):
     with pytest.raises(ValueError, match="2 completions but 1"):
         reward(completions=["a", "b"], answer=["1"])
+
+
+# ---- unicode math: normalised on both sides (gold unicode vs LaTeX prediction and the reverse) ----
+
+UNICODE_PAIRS = [  # (unicode form, LaTeX form, whether they are equal)
+    ("½", r"\frac{1}{2}", 1.0),
+    ("1⁄2", "0.5", 1.0),  # U+2044 FRACTION SLASH, what NFKC makes of ½
+    ("1½", r"\frac{3}{2}", 1.0),  # mixed number
+    ("−½", "-0.5", 1.0),
+    ("√2", r"\sqrt{2}", 1.0),
+    ("2√3", r"2\sqrt{3}", 1.0),
+    ("√(x+1)", r"\sqrt{x+1}", 1.0),
+    ("∛8", "2", 1.0),
+    ("２", "2", 1.0),  # full width
+    ("３／４", r"\frac{3}{4}", 1.0),
+    ("x²+1", r"x^{2}+1", 1.0),
+    ("10⁻³", "0.001", 1.0),
+    ("x₁", "x_1", 1.0),
+    ("2·3", "6", 1.0),
+    ("90°", r"90^\circ", 1.0),
+    ("(-∞, 3]", r"(-\infty, 3]", 1.0),
+    ("½", r"\frac{1}{3}", 0.0),
+    ("√2", "2", 0.0),
+    ("x²", "2x", 0.0),  # a superscript is a power, never a digit
+]
+
+
+@pytest.mark.parametrize("direction", ["unicode gold", "unicode prediction"])
+def test_unicode_math_matches_latex(reward, direction):
+    golds, preds = [], []
+    for uni, tex, _ in UNICODE_PAIRS:
+        gold, pred = (uni, tex) if direction == "unicode gold" else (tex, uni)
+        golds.append(gold)
+        preds.append(f"The answer is $\\boxed{{{pred}}}$.")
+    got = reward(completions=preds, answer=golds)
+    bad = [(u, t, e, g) for (u, t, e), g in zip(UNICODE_PAIRS, got) if g != e]
+    assert not bad, bad
+
+
+def test_normalize_unicode_is_linear_and_leaves_ascii_alone():
+    from capo_trl.rewards import _normalize
+
+    ascii_text = r"\boxed{\frac{1}{2}} and 3 \times 4" * 1000
+    assert _normalize(ascii_text) == ascii_text
+    assert _normalize("√(√(x))") == r"\sqrt{\sqrt{x}}"
+    assert _normalize("x² · y₁₂ ≤ ∞") == r"x^{2} \cdot  y_{12} \le  \infty "
+    big = "√(" * 20000 + "x" + ")" * 20000 + "½²×" * 20000
+    t0 = time.perf_counter()
+    out = _normalize(big)
+    assert time.perf_counter() - t0 < 1.0 and out.startswith(r"\sqrt{\sqrt{")
+
+
+# ---- bad gold answers: None, one warning, remembered, at most one timeout ----
+
+
+def test_truncated_gold_gives_none(reward, caplog):
+    with caplog.at_level(logging.WARNING, logger="capo_trl.rewards"):
+        assert reward.grade([r"\boxed{1}", r"\boxed{\frac{1}{2}}"], [r"\frac{1}{", r"\frac{1}{"]) == [None, None]
+    assert sum("cannot parse gold" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_gold_timeout_costs_one_timeout_and_is_remembered(caplog):
+    huge = "1+" * 50000 + "1"  # 100 kB: math-verify's parse runs out of time
+    with MathReward(timeout=1, workers=2, max_gold_chars=None) as r, caplog.at_level(logging.WARNING):
+        r.grade([r"\boxed{1}"], ["1"])  # start the pool
+        t0 = time.monotonic()
+        assert r.grade([r"\boxed{1}"] * 8, [huge] * 8) == [None] * 8
+        first = time.monotonic() - t0
+        t0 = time.monotonic()
+        assert r.grade([r"\boxed{2}"] * 8, [huge] * 8) == [None] * 8  # remembered: never re-parsed
+        again = time.monotonic() - t0
+        assert r.grade([r"\boxed{2}"], ["2"]) == [1.0]
+    assert first < 2 * r.timeout + 0.5, first  # one timeout, not one per completion (8 on 2 workers: 4 s)
+    assert again < 0.1, again
+    assert sum("cannot parse gold" in rec.getMessage() for rec in caplog.records) == 1
+
+
+def test_gold_over_the_length_cap_is_unparseable_by_rule(caplog):
+    with MathReward(timeout=1, workers=1, max_gold_chars=50) as r, caplog.at_level(logging.WARNING):
+        t0 = time.monotonic()
+        assert r.grade([r"\boxed{1}"] * 3, ["1+" * 50 + "1"] * 3) == [None] * 3
+        assert time.monotonic() - t0 < 0.5
+        assert r.grade([r"\boxed{3}"], ["1+1+1"]) == [1.0]
+    assert any("max_gold_chars" in rec.getMessage() for rec in caplog.records)
+
+
+@pytest.mark.parametrize("bad", [0, -5, 1.5, "100", True])
+def test_rejects_bad_max_gold_chars(bad):
+    with pytest.raises(ValueError, match="max_gold_chars"):
+        MathReward(max_gold_chars=bad)
+
+
+# ---- every wait has a deadline: lost tasks, wedged pools, killed workers, memory cap ----
+
+
+def test_lost_tasks_are_detected_and_retried():
+    """Frozen workers never acknowledge their tasks: pebble's own timeout never starts."""
+    with MathReward(timeout=1, workers=2) as r:
+        r.grade([r"\boxed{1}"], ["1"])
+        frozen = r._worker_pids()
+        assert len(frozen) == 2
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        done, out, dt = _wait_for(lambda: r.grade([rf"\boxed{{{i}}}" for i in range(6)], ["1", "1", "2", "2", "3", "4"]), 20)
+        assert done, "grading waited forever on lost tasks"
+        assert out == [0.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+        assert dt < r.batch_time_limit(6), dt
+        assert r.stats["worker_died"] == 0  # retried in a fresh pool
+        assert not set(frozen) & set(r._worker_pids())
+        for pid in frozen:  # the frozen workers were killed and reaped
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+
+
+def test_hard_deadline_abandons_work_and_counts_it(fast, monkeypatch):
+    """Past batch_time_limit nothing is waited for: the pool is stopped, the rest scores 0.0."""
+    monkeypatch.setattr(fast, "batch_time_limit", lambda n: 10.5)  # 10 s of it are for stopping pools
+    before = fast.stats["worker_died"]
+    t0 = time.monotonic()
+    assert fast.grade([PATHOLOGICAL["tower"]], ["3"]) == [0.0]  # killed at 1.5 s; the deadline is 0.5 s
+    assert time.monotonic() - t0 < 10.5
+    assert fast.stats["worker_died"] == before + 1
+    assert fast.grade([r"\boxed{3}"], ["3"]) == [1.0]  # a fresh pool
+
+
+def test_close_is_bounded_and_leaves_no_process():
+    r = MathReward(timeout=1, workers=2)
+    r.grade([r"\boxed{1}"], ["1"])
+    pids = r._worker_pids()
+    assert len(pids) == 2
+    os.kill(pids[0], signal.SIGSTOP)  # a worker that ignores SIGTERM
+    t0 = time.monotonic()
+    r.close()
+    assert time.monotonic() - t0 < 2.0
+    assert not {p.pid for p in multiprocessing.active_children()} & set(pids)
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_soak_random_worker_kills():
+    """SIGKILL a random worker (busy or idle) at a random moment of 20% of 200 batches, from a
+    background thread: no batch hangs, every result is right or 0.0, and every 0.0 is counted."""
+    import queue
+    import random
+
+    n_batches, kills, orders = 200, [0], queue.SimpleQueue()
+    rng = random.Random(0)
+    with MathReward(timeout=1, workers=2) as r:
+        r.grade([r"\boxed{1}"], ["1"])
+        before = r.stats
+
+        def killer():  # one order per batch: sleep that long, then kill one worker
+            while (delay := orders.get()) is not None:
+                time.sleep(delay)
+                pids = r._worker_pids()
+                if pids:
+                    try:
+                        os.kill(rng.choice(pids), signal.SIGKILL)
+                        kills[0] += 1
+                    except ProcessLookupError:
+                        pass
+
+        th = threading.Thread(target=killer, daemon=True)
+        th.start()
+        longest, zeros, t_start = 0.0, 0, time.monotonic()
+        try:
+            for b in range(n_batches):
+                if rng.random() < 0.2:
+                    orders.put(rng.uniform(0.0, 0.02))  # a batch takes ~10 ms: before, during or after it
+                # 4 completions of a new gold (a probe, then the 3 others) + 4 of a known gold
+                preds, golds = [rf"\boxed{{{b}}}"] * 4 + [r"\boxed{7}"] * 4, [str(b)] * 4 + ["7"] * 4
+                done, out, dt = _wait_for(lambda p=preds, g=golds: r.grade(p, g), r.batch_time_limit(8) + 5)
+                assert done, f"batch {b} hung"
+                assert dt <= r.batch_time_limit(8), dt
+                assert set(out) <= {0.0, 1.0}, (b, out)
+                zeros += out.count(0.0)
+                longest = max(longest, dt)
+        finally:
+            orders.put(None)
+            th.join()
+        total = time.monotonic() - t_start
+        died = r.stats["worker_died"] - before["worker_died"]
+        timed_out = r.stats["timed_out"] - before["timed_out"]
+    print(f"\nsoak: {n_batches} batches, {kills[0]} kills, longest batch {longest:.2f} s "
+          f"(limit {r.batch_time_limit(8):.0f} s), total {total:.1f} s; items lost twice (0.0, worker_died): "
+          f"{died} of {8 * n_batches}, timed out: {timed_out}")  # fmt: skip
+    assert kills[0] >= 25
+    assert zeros == died + timed_out  # every 0.0 is counted
+
+
+def _hog(text, *args, **kwargs):
+    if "HOG" in text:
+        bytearray(1 << 31)  # 2 GiB: refused under the cap
+    return _real_parse(text, *args, **kwargs)
+
+
+def _stall(text, *args, **kwargs):
+    if "STALL" in text:  # hangs where math-verify's alarm cannot reach it (like C code): killed by the parent
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])
+        time.sleep(60)
+    return _real_parse(text, *args, **kwargs)
+
+
+def test_probe_killed_at_the_deadline_gets_a_gold_only_check(monkeypatch, caplog):
+    """A gold's first completion killed at the deadline: did the gold or the completion hang?"""
+    monkeypatch.setattr(math_verify, "parse", _stall)  # inherited by the forked workers
+    preds = [r"\boxed{STALL}", r"\boxed{17}", r"\boxed{17}"] + [r"\boxed{1}"] * 3
+    golds = ["17"] * 3 + ["GOLDSTALL"] * 3
+    with MathReward(timeout=1, workers=2) as r, caplog.at_level(logging.WARNING):
+        t0 = time.monotonic()
+        assert r.grade(preds, golds) == [0.0, 1.0, 1.0, None, None, None]
+        assert time.monotonic() - t0 < 2 * (r.timeout + 1.5) + 1  # two kills in a row, not one per item
+        assert r.stats["timed_out"] == 1 and r.stats["gold_unparseable"] == 3
+        assert r.grade([r"\boxed{1}"], ["GOLDSTALL"]) == [None]  # remembered
+    assert sum("cannot parse gold" in rec.getMessage() for rec in caplog.records) == 1
+
+
+def _address_space_limit(timeout):
+    import resource
+
+    return resource.getrlimit(resource.RLIMIT_AS)[0]
+
+
+def test_memory_cap_scores_zero_and_counts(monkeypatch):
+    monkeypatch.setattr(math_verify, "parse", _hog)  # inherited by the forked workers
+    with MathReward(timeout=2, workers=1, memory_limit_mb=512) as r:
+        assert r.grade([r"\boxed{HOG}", r"\boxed{2}"], ["1", "2"]) == [0.0, 1.0]
+        limit = r._run(_address_space_limit, [()])[0]
+        assert 512 * 2**20 < limit < 1024 * 2**40  # inherited address space + 512 MiB
+        assert r.stats["out_of_memory"] == 1
+        metrics = {}
+        r(completions=[r"\boxed{HOG}"], answer=["1"], log_metric=metrics.__setitem__)
+        assert metrics["math_reward/out_of_memory"] == 1.0
+
+
+@pytest.mark.parametrize("bad", [0, 10, -1, 1.5, "4096", True])
+def test_rejects_bad_memory_limit(bad):
+    with pytest.raises(ValueError, match="memory_limit_mb"):
+        MathReward(memory_limit_mb=bad)
+
+
+def test_memory_limit_can_be_disabled():
+    import resource
+
+    with MathReward(timeout=1, workers=1, memory_limit_mb=None) as r:
+        assert r.grade([r"\boxed{2}"], ["2"]) == [1.0]
+        assert r._run(_address_space_limit, [()]) == [resource.getrlimit(resource.RLIMIT_AS)[0]]  # the parent's
