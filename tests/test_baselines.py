@@ -162,7 +162,7 @@ def test_rlcr_parsing():
 
 
 def test_rlcr_reward_function_grades_the_answer_tag():
-    from capo_trl.methods.verbalized import RLCRReward
+    from capo_trl.rewards import RLCRReward
     from capo_trl.rewards import MathReward
 
     texts = ["<think>t</think><answer>4</answer><analysis>a</analysis><confidence>0.8</confidence>",

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from capo_trl.cli import main
 from capo_trl.arithmetic import ArithmeticTask, arithmetic_dataset, embedded_model_path
-from capo_trl.data import with_grader_noise
+from capo_trl.rewards import with_grader_noise
 from capo_trl.harness.presets import PRESETS, parse_methods
 from capo_trl.rewards import MathReward
 

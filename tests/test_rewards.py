@@ -299,7 +299,7 @@ def test_unicode_math_matches_latex(reward, direction):
 
 
 def test_normalize_unicode_is_linear_and_leaves_ascii_alone():
-    from capo_trl.rewards import _normalize
+    from capo_trl.grader.normalize import _normalize
 
     ascii_text = r"\boxed{\frac{1}{2}} and 3 \times 4" * 1000
     assert _normalize(ascii_text) == ascii_text

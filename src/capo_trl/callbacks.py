@@ -117,9 +117,9 @@ class CalibrationCallback(TrainerCallback):
 
     def _grader(self):
         if self.grader is None:
-            from .rewards import MathReward
+            from .grader import default_grader
 
-            self.grader = MathReward()
+            self.grader = default_grader()
         return self.grader
 
     def _sampling_settings(self, args) -> dict:

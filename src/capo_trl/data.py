@@ -3,7 +3,6 @@ templates and column mapping, all normalised to one ``prompt``/``answer``/``id``
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,30 +11,6 @@ from datasets import Dataset
 
 from .arithmetic import arithmetic_dataset
 from .errors import UsageError
-
-
-def with_grader_noise(reward_func, rate: float, seed: int = 0):
-    """Wrap a reward function so a fraction ``rate`` of its 0/1 grades are flipped.
-
-    The flip is a deterministic function of (seed, prompt, completion), like a grader that
-    consistently misreads certain answers, so the same completion always gets the same grade.
-    This is what CAPO's noise mask is meant to catch.
-    """
-    if not 0.0 <= rate <= 1.0:
-        raise ValueError(f"with_grader_noise: rate must be in [0, 1], got {rate}.")
-
-    def noisy(prompts=None, completions=None, **kwargs):
-        grades = reward_func(prompts=prompts, completions=completions, **kwargs)
-        out = []
-        for prompt, completion, grade in zip(prompts or [None] * len(grades), completions, grades):
-            text = f"{seed}|{prompt}|{completion}".encode()
-            u = int.from_bytes(hashlib.sha256(text).digest()[:8], "big") / 2**64
-            out.append(grade if grade is None or u >= rate else 1.0 - grade)
-        return out
-
-    noisy.__name__ = f"{getattr(reward_func, '__name__', 'reward')}_noisy{rate:g}"
-    return noisy
-
 
 # ------------------------------------------------------------------------------------------------
 # Benchmark registry: hub datasets, the arithmetic task and local files, one normalised schema.

@@ -321,18 +321,13 @@ def evaluate(model, tokenizer, problems, n: int = 16, *, ks: list[int] | None = 
             model.train(was_training)
     eos = set(_eos_ids(model, tokenizer))
     texts = tokenizer.batch_decode([ids for ids, _ in drawn], skip_special_tokens=True)
-    owned = grader is None
-    if owned:
-        from .rewards import MathReward
+    if grader is None:
+        from .grader import default_grader
 
-        grader = MathReward()
-    try:
-        samples = _grade(drawn, texts, rows, n, eos, grader, progress)
-        metrics, per_problem, curves = compute_metrics(samples, n, ks, grader.equivalent, n_bins=n_bins,
-                                                       bootstrap=bootstrap, seed=seed or 0, progress=progress)
-    finally:
-        if owned:
-            grader.close()
+        grader = default_grader()
+    samples = _grade(drawn, texts, rows, n, eos, grader, progress)
+    metrics, per_problem, curves = compute_metrics(samples, n, ks, grader.equivalent, n_bins=n_bins,
+                                                   bootstrap=bootstrap, seed=seed or 0, progress=progress)
     return EvalResult(metrics, samples, per_problem, curves, settings)
 
 

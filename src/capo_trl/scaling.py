@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -72,11 +71,10 @@ class ScalingResult:
 # --------------------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=1)
 def _default_grader():
-    from capo_trl.rewards import MathReward  # lazy: rewards.py pulls in math-verify workers
+    from .grader import default_grader  # lazy: the grader pulls in math-verify and its workers
 
-    return MathReward()
+    return default_grader()
 
 
 def _default_equivalent(a: str, b: str) -> bool:

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..arithmetic import arithmetic_dataset, embedded_model_path
-from ..data import with_grader_noise
 from .presets import Budget, method_config
 
 HEADLINE = ("accuracy", "auroc", "auroc_question", "ece")
@@ -20,7 +19,7 @@ def headline(metrics: dict, n: int) -> dict:
 
 
 def _reward(budget: Budget):
-    from ..rewards import math_accuracy_reward
+    from ..rewards import math_accuracy_reward, with_grader_noise
 
     return with_grader_noise(math_accuracy_reward, budget.grader_noise) if budget.grader_noise else math_accuracy_reward
 

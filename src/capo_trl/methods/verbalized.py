@@ -1,7 +1,7 @@
 """Verbalised confidence (RLCR, DCPO): the two methods, parsing, token spans, reward functions, evaluation.
 
-Pure string/list work, the methods' math, and two TRL reward functions built on
-:class:`~capo_trl.rewards.MathReward`.
+Pure string/list work and the methods' math; the TRL reward functions for these formats
+(``AnswerTagReward``, ``RLCRReward``) are in :mod:`capo_trl.rewards`.
 Formats (``docs/baselines.md``):
 
 * RLCR: ``<think>..</think><answer>..</answer><analysis>..</analysis><confidence>q</confidence>``,
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..advantages import correctness, grpo_advantages, group_nanmean
+from ..advantages import correctness, group_nanmean, grpo_advantages
 from .base import AdvantageInputs, Method, Verbalized, check_fields, help_text
 
 DCPO_ERRORS = ("abs", "sq")
@@ -179,60 +179,6 @@ class DCPO(Method):
         adv = dcpo_token_advantages(reasoning, confidence, batch.confidence_mask)
         return adv, {"dcpo/calibration_reward": torch.nanmean(r_c).item(),
                      **_verbal_metrics("dcpo", batch.confidence, batch.format_ok)}
-
-
-# --------------------------------------------------------------------------------------------
-# reward functions (TRL signature)
-# --------------------------------------------------------------------------------------------
-def _boxed(answer: str | None) -> str:
-    """MathReward reads anchored answers only: box a bare tag content so ``42`` is graded."""
-    if answer is None:
-        return ""
-    return answer if "\\boxed" in answer else f"\\boxed{{{answer}}}"
-
-
-class AnswerTagReward:
-    """Accuracy of the last ``<answer>`` tag (0 when absent), graded by a MathReward.
-
-    The correctness reward for ``advantage_estimator="rlcr"``: the estimator adds format and Brier terms.
-    """
-
-    def __init__(self, math_reward=None):
-        from ..rewards import MathReward
-
-        self.math = math_reward or MathReward()
-        self.__name__ = "answer_tag_accuracy"
-
-    def __call__(self, completions, answer=None, solution=None, **kwargs):
-        from ..rewards import _as_text
-
-        answers = [_boxed(answer_tag(_as_text(c))) for c in completions]
-        return self.math(answers, answer=answer, solution=solution)
-
-
-class RLCRReward(AnswerTagReward):
-    """RLCR's whole released reward as one TRL reward function: ``0.5 format + 0.5 accuracy +
-    0.5 (1 - (correct - q)^2)``, 0 when the format fails.
-
-    For GRPOTrainer or ``advantage_estimator="grpo"``. Inside capo-trl prefer ``"rlcr"`` with
-    :class:`AnswerTagReward`: the ``capo/*`` metrics then see correctness, not this total.
-    """
-
-    def __init__(self, math_reward=None, format_weight: float = 0.5, accuracy_weight: float = 0.5,
-                 brier_weight: float = 0.5):
-        super().__init__(math_reward)
-        self.weights = (format_weight, accuracy_weight, brier_weight)
-        self.__name__ = "rlcr"
-
-    def __call__(self, completions, answer=None, solution=None, **kwargs):
-        from ..rewards import _as_text
-
-        grades = super().__call__(completions, answer=answer, solution=solution)
-        stated = [parse_rlcr(_as_text(c)) for c in completions]
-        correct = torch.tensor([float("nan") if g is None else g for g in grades])
-        conf = torch.tensor([float("nan") if s.confidence is None else s.confidence for s in stated])
-        ok = torch.tensor([s.format_ok for s in stated])
-        return [None if math.isnan(v) else v for v in rlcr_rewards(correct, conf, ok, *self.weights).tolist()]
 
 
 # --------------------------------------------------------------------------------------------
