@@ -1,12 +1,16 @@
 """`CAPOTrainer`: GRPOTrainer with CAPO's advantage and noise mask. Thin glue around ``advantages.py``.
 
-It wraps (never copies) three GRPOTrainer methods:
+It wraps (never copies) these GRPOTrainer / Trainer methods, calling ``super()`` in each:
 
-* ``_calculate_rewards``: keeps the gathered ``(N_global, n_funcs)`` reward tensor;
+* ``_calculate_rewards``: keeps the gathered ``(N_global, n_funcs)`` reward tensor, rejects infinities;
 * ``_generate_single_turn``: records the rollout's token log-probs while transformers samples
   (so CAPO needs no second policy forward);
-* ``_generate_and_score_completions``: scores every completion, computes advantages and the mask
-  on the global batch, writes this process's slice back, and logs calibration metrics.
+* ``_generate_and_score_completions``: scores every completion, computes the method's advantages
+  and the mask on the global batch, writes this process's slice back, and logs calibration metrics;
+* ``_prepare_inputs``: lets a method's state (CoDaPO's replay) choose the generation batch;
+* ``compute_loss`` and ``_get_per_token_logps_and_entropies`` (``losses.py``): the method loss hooks;
+* ``_save_checkpoint`` and ``_load_optimizer_and_scheduler`` (``checkpoint.py``): CAPO's state;
+* ``create_model_card``: CAPO's citation and settings.
 """
 
 from __future__ import annotations
@@ -14,7 +18,6 @@ from __future__ import annotations
 import copy
 import math
 import os
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -23,20 +26,27 @@ import torch
 import trl
 from accelerate.utils import gather_object, is_peft_model
 from packaging.version import Version
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import get_config_model_id, use_adapter
 
 from .advantages import mean_token_logprob, within_group_std
+from .checkpoint import CheckpointedState
 from .checks import check_dataset_size, check_prompt_lengths
 from .config import CAPOConfig
 from .errors import UsageError
+from .losses import FORWARD_KEYS, MethodLosses
 from .mask import NoiseMask
 from .methods import AdvantageInputs, Rollout, resolve_method
 from .methods.base import verbalized_inputs
+from .model_card import CAPO_PAPER, settings_section
 from .monitor import rollout_metrics
-from .reference import ReferenceScoreCache, RolloutLogprobRecorder, build_reference, sequence_keys
+from .reference import (
+    ReferenceScoreCache,
+    RolloutLogprobRecorder,
+    build_reference,
+    sequence_keys,
+)
 
 if TYPE_CHECKING:  # the constructor's annotations (GRPOTrainer's parameters), without importing these at runtime
     from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict
@@ -58,23 +68,6 @@ if ".".join(Version(trl.__version__).base_version.split(".")[:2]) != TESTED_TRL:
         f"{trl.__version__} is installed. Install a matching version: pip install 'trl=={TESTED_TRL}.*'."
     )
 
-CAPO_CITATION = """\
-@inproceedings{wang2026capo,
-    title        = {{Calibration-Aware Policy Optimization for Reasoning LLMs}},
-    author       = {Ziqi Wang and Xingzhou Lou and Meiqi Wu and Zhengqi Wen and Junge Zhang and others},
-    booktitle    = {Proceedings of the 64th Annual Meeting of the Association for Computational Linguistics (ACL)},
-    year         = 2026,
-    eprint       = {arXiv:2604.12632},
-}"""
-
-# What CAPO keeps across steps, one file per process in each checkpoint (like transformers' rng_state_N.pth).
-CAPO_STATE = "capo_state_{}.pt"
-
-# Extra model inputs TRL's forward accepts (multimodal); passed through unchanged when present.
-_FORWARD_KEYS = (
-    "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
-    "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
-)
 
 
 @dataclass
@@ -94,7 +87,7 @@ class StepRecord:
     keep: torch.Tensor | None = None  # (N_global,) the mask's verdict, None when it is off
 
 
-class CAPOTrainer(GRPOTrainer):
+class CAPOTrainer(CheckpointedState, MethodLosses, GRPOTrainer):
     """Calibration-Aware Policy Optimization (Wang et al., ACL 2026) as a drop-in `GRPOTrainer`.
 
     Same constructor as [`trl.GRPOTrainer`]; pass a [`CAPOConfig`]. With the default
@@ -106,11 +99,7 @@ class CAPOTrainer(GRPOTrainer):
 
     _tag_names = ["trl", "grpo", "capo"]
     _name = "CAPO"
-    _paper = {  # the model card's method and citation (GRPOTrainer's would credit DeepSeekMath)
-        "title": "Calibration-Aware Policy Optimization for Reasoning LLMs",
-        "id": "2604.12632",
-        "citation": CAPO_CITATION,
-    }
+    _paper = CAPO_PAPER  # the model card's method and citation (GRPOTrainer's would credit DeepSeekMath)
 
     def __init__(
         self,
@@ -163,62 +152,9 @@ class CAPOTrainer(GRPOTrainer):
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
         """TRL's card (CAPO named and cited through ``_paper``), plus the method and mask settings used."""
         super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
-        if not self.is_world_process_zero():
-            return
-        a = self.args
-        fields = {"advantage_estimator": a.advantage_estimator, **(vars(self.method.args) if self.method.args else {}),
-                  "noise_mask": a.noise_mask, "beta": a.beta, "loss_type": a.loss_type,
-                  "num_generations": a.num_generations}
-        if a.noise_mask:
-            fields.update(ref_thresholds=a.ref_thresholds, ref_high=a.ref_high, ref_low=a.ref_low,
-                          correct_threshold=a.correct_threshold)
-        if a.method_kwargs:
-            fields["method_kwargs"] = a.method_kwargs
-        rows = "\n".join(f"| `{k}` | `{v!r}` |" for k, v in fields.items())
-        with open(os.path.join(a.output_dir, "README.md"), "a") as f:
-            f.write(f"\n## CAPO settings\n\nTrained with capo-trl's `CAPOTrainer`:\n\n| field | value |\n|---|---|\n{rows}\n")
-
-    # ----------------------------------------------------------------------------------- checkpoints
-    def _capo_state(self) -> dict:
-        """Everything CAPO carries from step to step, so that resuming a run equals not stopping it."""
-        state = {}
-        if self._mask is not None:
-            state["mask"] = self._mask.state_dict()
-        if self._method_state is not None:
-            state["method_state"] = self._method_state.state_dict()
-        if self._ref_cache_usable:
-            state["ref_cache"] = self._ref_cache.state_dict()
-        return state
-
-    def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
-        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        os.makedirs(folder, exist_ok=True)
-        torch.save(self._capo_state(), os.path.join(folder, CAPO_STATE.format(self.accelerator.process_index)))
-
-    def _load_optimizer_and_scheduler(self, checkpoint):
-        """Resume hook (TRL restores its own controller state here too): reload :meth:`_capo_state`."""
-        super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is None:
-            return
-        path = os.path.join(checkpoint, CAPO_STATE.format(self.accelerator.process_index))
-        if not os.path.isfile(path):
-            stateful = self.args.noise_mask and self.args.ref_thresholds == "auto" or self._method_state is not None
-            if stateful:
-                warnings.warn(
-                    f"{checkpoint} has no {os.path.basename(path)} (written by an older capo-trl, or by a run on "
-                    "another number of processes): measured mask thresholds, the method's state (e.g. CoDaPO's "
-                    "replay buffer) and the reference cache start afresh, so this resumed run differs from an uninterrupted one.",
-                    stacklevel=2,
-                )
-            return
-        state = torch.load(path, weights_only=True)
-        if self._mask is not None and "mask" in state:
-            self._mask.load_state_dict(state["mask"])
-        if self._method_state is not None and "method_state" in state:
-            self._method_state.load_state_dict(state["method_state"])
-        if self._ref_cache_usable and "ref_cache" in state:
-            self._ref_cache.load_state_dict(state["ref_cache"])
+        if self.is_world_process_zero():
+            with open(os.path.join(self.args.output_dir, "README.md"), "a") as f:
+                f.write(settings_section(self.args, self.method.args))
 
     # ----------------------------------------------------------------------------------- hooks
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
@@ -358,61 +294,6 @@ class CAPOTrainer(GRPOTrainer):
                 generation_batch = state.next_batch(generation_batch, self.accelerator.process_index)
         return super()._prepare_inputs(generation_batch)
 
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """Loss-changing methods hook in here; every other method runs TRL's loss untouched."""
-        if self.method.sequence_loss is not None and not return_outputs:
-            return self._sequence_loss(model, inputs, self.method.sequence_loss)
-        if self.method.token_logps is None:
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        self._loss_inputs = inputs  # read by _get_per_token_logps_and_entropies inside TRL's loss
-        try:
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        finally:
-            self._loss_inputs = None
-
-    def _sequence_loss(self, model, inputs, loss_fn) -> torch.Tensor:
-        """A sequence-level loss (C2GSPG) of the current mean token log-probs, through TRL's forward."""
-        mask = inputs["completion_mask"] * inputs.get("tool_mask", 1)
-        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-        extra = {k: inputs[k] for k in _FORWARD_KEYS if k in inputs}
-        logps, _, _ = self._get_per_token_logps_and_entropies(model, input_ids, attention_mask,
-                                                              inputs["completion_ids"].size(1), **extra)
-        loss, metrics = loss_fn(mean_token_logprob(logps, mask), inputs["advantages"], inputs["capo_rewards"])
-        mode = "train" if self.model.training else "eval"
-        self._log_local(mode, metrics, loss.device)
-        return loss / (self.current_gradient_accumulation_steps if mode == "train" else 1.0)
-
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
-                                           compute_entropy=False, compute_aux_loss=False, **multimodal):
-        """TRL's fused log-probs, except inside a ``token_logps`` method's loss (SimKO): there, one plain
-        forward gives the full logits and the method's hook returns log-probs with its own gradient."""
-        inputs = self._loss_inputs
-        if inputs is None:
-            return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
-                                                              batch_size, compute_entropy, compute_aux_loss,
-                                                              **multimodal)
-        if compute_aux_loss or any(v is not None for v in multimodal.values()):
-            raise NotImplementedError(f"advantage_estimator={self.args.advantage_estimator!r} needs full logits and "
-                                      "supports text-only models without a router aux loss.")
-        with self.accelerator.autocast():
-            logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-                           logits_to_keep=logits_to_keep + 1).logits
-        advantages = inputs["advantages"]
-        negative = (advantages if advantages.dim() == 1 else advantages.sum(1)) < 0
-        correct = inputs["capo_rewards"] >= self.args.correct_threshold
-        logps, entropy, stats = self.method.token_logps(
-            logits[:, :-1] / self.temperature, input_ids[:, -logits_to_keep:],
-            inputs["completion_mask"] * inputs.get("tool_mask", 1), correct, negative)
-        self._log_local("train" if self.model.training else "eval", stats, logps.device)
-        return logps, entropy if compute_entropy else None, None
-
-    def _log_local(self, mode, metrics: dict[str, float], device) -> None:
-        """Average per-process metrics over processes, then log them."""
-        for name, value in metrics.items():
-            value = self.accelerator.gather(torch.tensor([value], device=device)).mean().item()
-            self._metrics[mode][name].append(value)
-
     # ----------------------------------------------------------------------------------- inputs
     def _total_rewards(self, record: StepRecord) -> torch.Tensor:
         """Weighted sum of the reward functions, NaN where every function returned None (TRL's rule)."""
@@ -426,7 +307,7 @@ class CAPOTrainer(GRPOTrainer):
         take = (lambda t: t) if rows is None else (lambda t: t[rows])
         input_ids = torch.cat([take(out["prompt_ids"]), take(out["completion_ids"])], dim=1)
         attention_mask = torch.cat([take(out["prompt_mask"]), take(out["completion_mask"])], dim=1)
-        extra = {k: out[k] for k in _FORWARD_KEYS if k in out}
+        extra = {k: out[k] for k in FORWARD_KEYS if k in out}
         with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
             logps, _, _ = self._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, out["completion_ids"].size(1),
@@ -454,7 +335,7 @@ class CAPOTrainer(GRPOTrainer):
         n = loss_mask.size(0)
         record.ref_cache_start = (self._ref_cache.hits, self._ref_cache.lookups)
         scores = torch.full((n,), float("nan"), device=loss_mask.device)
-        multimodal = any(k in out for k in _FORWARD_KEYS)
+        multimodal = any(k in out for k in FORWARD_KEYS)
         cached = self._ref_cache_usable and not multimodal
         keys = sequence_keys(out["prompt_ids"], out["prompt_mask"], out["completion_ids"], loss_mask) if cached else []
         if cached:

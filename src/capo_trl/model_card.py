@@ -1,0 +1,29 @@
+"""The model card credits CAPO (not GRPO's DeepSeekMath) and records the settings a model was trained with."""
+
+from __future__ import annotations
+
+CAPO_CITATION = """\
+@inproceedings{wang2026capo,
+    title        = {{Calibration-Aware Policy Optimization for Reasoning LLMs}},
+    author       = {Ziqi Wang and Xingzhou Lou and Meiqi Wu and Zhengqi Wen and Junge Zhang and others},
+    booktitle    = {Proceedings of the 64th Annual Meeting of the Association for Computational Linguistics (ACL)},
+    year         = 2026,
+    eprint       = {arXiv:2604.12632},
+}"""
+
+CAPO_PAPER = {"title": "Calibration-Aware Policy Optimization for Reasoning LLMs", "id": "2604.12632",
+              "citation": CAPO_CITATION}
+
+
+def settings_section(args, method_args) -> str:
+    """A Markdown table of the method and mask settings, appended to TRL's card."""
+    fields = {"advantage_estimator": args.advantage_estimator, **(vars(method_args) if method_args else {}),
+              "noise_mask": args.noise_mask, "beta": args.beta, "loss_type": args.loss_type,
+              "num_generations": args.num_generations}
+    if args.noise_mask:
+        fields.update(ref_thresholds=args.ref_thresholds, ref_high=args.ref_high, ref_low=args.ref_low,
+                      correct_threshold=args.correct_threshold)
+    if args.method_kwargs:
+        fields["method_kwargs"] = args.method_kwargs
+    rows = "\n".join(f"| `{k}` | `{v!r}` |" for k, v in fields.items())
+    return f"\n## CAPO settings\n\nTrained with capo-trl's `CAPOTrainer`:\n\n| field | value |\n|---|---|\n{rows}\n"
