@@ -52,7 +52,7 @@ def test_defaults_separate_reference_and_loud_warning(tiny_model_dir, tmp_path):
     trainer = make(tiny_model_dir, tmp_path)
     assert trainer.args.noise_mask and trainer.beta == 0.0 and trainer.ref_model is None
     assert trainer._capo_ref_model is not None
-    with pytest.warns(UserWarning, match=r"dropped every correct completion.*ref_high=2.5"):
+    with pytest.warns(UserWarning, match=r"would drop every correct completion.*ref_high=2.5.*kept them"):
         assert_trains(trainer)
     ppl = logged(trainer, "capo/ref_ppl_mean")
     assert len(ppl) == 3 and all(p > 2.5 for p in ppl)  # why the paper's thresholds fail on a random model
@@ -236,3 +236,23 @@ def test_auto_thresholds_say_when_they_cannot_measure(tiny_model_dir, tmp_path):
     with pytest.warns(UserWarning, match=r"measured no mask thresholds after 1 generation batch.*stays off"):
         trainer.train()
     assert trainer._mask.measured is None and not logged(trainer, "capo/ref_high")
+
+
+def test_the_default_mask_never_silently_stops_learning(tiny_model_dir, tmp_path):
+    """Real-valued rewards all >= correct_threshold count as correct; the paper's ref_high drops them all
+    on a model whose reference PPL is ~75. The guard keeps that batch in the loss (and says so)."""
+    def length_reward(completions, **kwargs):
+        return [0.5 + len(c) / 100 for c in completions]  # every completion "correct", distinct rewards
+
+    trainer = make(tiny_model_dir, tmp_path / "guard", reward=length_reward)
+    before = params(trainer)
+    with pytest.warns(UserWarning, match="noise_mask_guard"):
+        trainer.train()
+    assert all(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+    assert logged(trainer, "capo/mask_guard_kept") == [1.0, 1.0, 1.0] and set(logged(trainer, "capo/kept_frac")) == {1.0}
+    literal = make(tiny_model_dir, tmp_path / "literal", reward=length_reward, noise_mask_guard=False)
+    before = params(literal)
+    with pytest.warns(UserWarning, match="training without correct answers"):
+        literal.train()
+    assert all(torch.equal(before[n], p) for n, p in literal.model.named_parameters())  # what the guard prevents
+    assert set(logged(literal, "capo/kept_frac")) == {0.0}

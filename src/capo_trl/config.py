@@ -65,6 +65,11 @@ class CAPOConfig(*_METHOD_ARGS, GRPOConfig):
             exactly GRPOTrainer's (`scale_rewards="group"`) or Dr. GRPO's (`"none"`). `"matched"`
             rescales each group to GRPO's total |advantage|: CAPO then only redistributes GRPO's
             credit towards mis-ranked pairs, at GRPO's step size, whatever `tau`.
+        noise_mask_guard (`bool`, defaults to `True`):
+            When the mask would drop a whole class (every correct or every wrong completion) of a batch,
+            keep that class in this batch, warn once and log `capo/mask_guard_kept`. A whole class
+            vanishing means the thresholds do not fit the model (or the rewards are real-valued), not
+            label noise; `False` applies the paper's mask literally.
         ref_thresholds (`str`, defaults to `"fixed"`):
             `"fixed"`: use `ref_high` / `ref_low`. `"auto"`: measure them with the paper's quartile rule
             (upper quartile of the reference PPL on correct answers, lower quartile on wrong ones) on
@@ -100,6 +105,12 @@ class CAPOConfig(*_METHOD_ARGS, GRPOConfig):
     correct_threshold: float = field(
         default=0.5,
         metadata={"help": "A completion is correct when its total reward is >= this value."},
+    )
+    noise_mask_guard: bool = field(
+        default=True,
+        metadata={"help": "When the mask would drop every correct (or every wrong) completion of a batch, keep "
+                  "that class in this batch (logged as capo/mask_guard_kept) instead of silently training "
+                  "without it. false: the paper's mask, applied as is."},
     )
     ref_thresholds: str = field(
         default="fixed",
@@ -157,6 +168,8 @@ class CAPOConfig(*_METHOD_ARGS, GRPOConfig):
             )
         if not isinstance(self.correct_threshold, (int, float)) or not math.isfinite(self.correct_threshold):
             raise bad("correct_threshold", "it must be a finite number")
+        if self.noise_mask_guard not in (True, False):
+            raise bad("noise_mask_guard", "use true or false")
         if self.noise_mask not in (None, True, False):
             raise bad("noise_mask", "use true, false, or leave it unset")
         mask_on = self.noise_mask if self.noise_mask is not None else resolve_method(

@@ -23,6 +23,7 @@ class NoiseMask:
         self.samples: list[tuple[torch.Tensor, torch.Tensor]] = []  # (rewards, ref_ppl) of measurement batches
         self.measured: tuple[float, float] | None = None
         self.warned: set[str] = set()
+        self.guarded = 0.0  # fraction of the last batch the guard kept in the loss
 
     def thresholds(self, rewards: torch.Tensor, ref_ppl: torch.Tensor, training: bool) -> tuple[float, float] | None:
         """(ref_high, ref_low): as configured, or measured by the quartile rule on the first training batches."""
@@ -46,28 +47,37 @@ class NoiseMask:
         return self.measured  # None: still measuring (or a class never appeared yet), no mask
 
     def __call__(self, rewards: torch.Tensor, ref_ppl: torch.Tensor, training: bool) -> torch.Tensor | None:
-        """The keep mask of a global batch (True = stays in the loss), or None when there are no thresholds."""
+        """The keep mask of a global batch (True = stays in the loss), or None when there are no thresholds.
+
+        With ``noise_mask_guard`` (the default), a class (correct or wrong answers) the thresholds would
+        drop entirely is kept in this batch instead: a whole class vanishing is a threshold that does not
+        fit the model, not label noise, and dropping it silently stops learning (every completion of a
+        run with real-valued rewards >= ``correct_threshold`` counts as correct, for instance).
+        """
         thresholds = self.thresholds(rewards, ref_ppl, training)
         if thresholds is None:
             return None
         keep = noise_mask(rewards, ref_ppl, *thresholds, self.config.correct_threshold)
-        self._warn_if_a_class_is_emptied(rewards, ref_ppl, keep, thresholds)
-        return keep
-
-    def _warn_if_a_class_is_emptied(self, rewards, ref_ppl, keep, thresholds) -> None:
-        """The paper's thresholds assume its models; say so loudly when they drop a whole class."""
         correct = rewards >= self.config.correct_threshold
         wrong = rewards < self.config.correct_threshold
+        self.guarded = 0.0
         for name, members, bound in (("correct", correct, "ref_high"), ("wrong", wrong, "ref_low")):
             if members.any() and not (keep & members).any():
+                guard = self.config.noise_mask_guard
+                if guard:
+                    keep = keep | members
+                    self.guarded += members.float().mean().item()
                 ppl = ref_ppl[members & torch.isfinite(ref_ppl)]
                 span = f"{ppl.min().item():.3g}..{ppl.max().item():.3g}" if ppl.numel() else "n/a"
+                outcome = ("kept them in this batch (noise_mask_guard; counted in capo/mask_guard_kept)" if guard
+                           else f"CAPO is now training without {name} answers")
                 self._warn_once(name, (
-                    f"CAPO noise mask dropped every {name} completion of this batch ({int(members.sum())} of them; "
-                    f"their reference perplexity spans {span}, ref_high={thresholds[0]:.4g}, "
-                    f"ref_low={thresholds[1]:.4g}). The thresholds do not fit this model: CAPO is now training "
-                    f"without {name} answers. Measure thresholds for your model (`capo-trl calibrate-mask`, or "
-                    f"ref_thresholds='auto'), set {bound} accordingly, or disable the mask with noise_mask=False."))
+                    f"CAPO noise mask would drop every {name} completion of this batch ({int(members.sum())} of "
+                    f"them; their reference perplexity spans {span}, ref_high={thresholds[0]:.4g}, "
+                    f"ref_low={thresholds[1]:.4g}): the thresholds do not fit this model, so the mask {outcome}. "
+                    f"Measure thresholds for your model (`capo-trl calibrate-mask`, or ref_thresholds='auto'), set "
+                    f"{bound} accordingly, or disable the mask with noise_mask=False."))
+        return keep
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self.warned:

@@ -207,6 +207,8 @@ class CAPOTrainer(CheckpointedState, MethodLosses, GRPOTrainer):
         if self._mask is not None:
             record.ref_ppl = self.accelerator.gather(torch.exp(-self._reference_scores(out, loss_mask, record)))
             record.keep = self._mask(rewards, record.ref_ppl, training=mode == "train")
+            if record.keep is not None:
+                self._metrics[mode]["capo/mask_guard_kept"].append(self._mask.guarded)
             if args.ref_thresholds == "auto" and self._mask.measured is not None:
                 for name, value in zip(("capo/ref_high", "capo/ref_low"), self._mask.measured):
                     self._metrics[mode][name].append(value)
