@@ -18,7 +18,8 @@ from tiny import tiny_dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from capo_trl.data import load_benchmark, qwen_math_prompt
-from capo_trl.evaluation import _prompt_ids, _sample_transformers, compute_metrics, default_ks, evaluate
+from capo_trl.evaluation import compute_metrics, default_ks, evaluate
+from capo_trl.sampling import _prompt_ids, _sample_transformers
 from capo_trl.rewards import MathReward
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
