@@ -164,3 +164,18 @@ def test_train_method_and_validation_build_the_same_config(tmp_path):
     args = method_config({"advantage_estimator": "capo", "tau": 0.3}, 7, budget, tmp_path / "r")
     assert (args.max_steps, args.seed, args.tau, args.num_generations) == (3, 7, 0.3, budget.num_generations)
     assert args.per_device_train_batch_size == budget.prompts_per_step * budget.num_generations
+
+
+def test_console_shows_a_bar_and_the_table_not_metric_dicts(tiny_model_dir, tmp_path, capsys):
+    """A real (tiny) comparison: TRL's per-step metric dicts stay in the logs, not on the console."""
+    out = tmp_path / "cmp"
+    argv = ["compare", "--methods", "grpo", "--seeds", "1", "--steps", "3", "--model", tiny_model_dir, "--out",
+            str(out), "--test-problems", "2", "--test-samples", "2", "--val-every", "2", "--val-problems", "2",
+            "--val-samples", "2"]
+    assert main(argv) == 0
+    console = capsys.readouterr()
+    assert "{'loss'" not in console.out + console.err and "'learning_rate'" not in console.out + console.err
+    report = (out / "report.md").read_text()
+    assert "1 seed per method" in report and "±" not in report  # one seed: no spread printed
+    result = json.loads(next((out / "runs").glob("grpo-seed0/result.json")).read_text())
+    assert result["headline"]  # the metrics themselves are kept

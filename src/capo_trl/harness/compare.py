@@ -217,7 +217,9 @@ def _write_outputs(out: Path, methods, plan, budget: Budget, start: dict, finish
         writer.writerows(final_rows)
     summary = {label: {k: _mean_std([v[k] for v in per_seed]) for k in HEADLINE} for label, per_seed in finals.items()}
     seeds = len({seed for _, _, seed in plan})
-    _write_report(out, methods, seeds, budget, summary, seconds, done=len(plan) - len(missing), missing=missing)
+    counts = {label: len(per_seed) for label, per_seed in finals.items()}
+    _write_report(out, methods, seeds, budget, summary, seconds, done=len(plan) - len(missing), missing=missing,
+                  counts=counts)
     drawn = None
     if missing:  # plots of an earlier, smaller comparison would mislead
         for name in PLOTS:
@@ -239,23 +241,25 @@ def _mean_std(values) -> tuple[float, float]:
 
 
 def _write_report(out, methods, seeds, budget, summary, seconds, done: int | None = None,
-                  missing: tuple = ()) -> None:
+                  missing: tuple = (), counts: dict | None = None) -> None:
     lines = ["# capo-trl compare", ""]
     if missing:
         lines += [f"**Partial comparison: {done} of {done + len(missing)} runs finished** (missing: "
                   f"{', '.join(missing)}). Rerun the same command to train the missing runs; the plots are drawn "
                   "when every run has finished.", ""]
     lines += [
-        f"{seeds} seed(s) per method; {budget.steps} RL steps of {budget.prompts_per_step} prompts x "
+        f"{seeds} seed{'s' * (seeds != 1)} per method; {budget.steps} RL steps of {budget.prompts_per_step} prompts x "
         f"{budget.num_generations} samples; test: {budget.test_problems} problems x {budget.test_samples} samples "
         f"(temperature 1); grader noise {budget.grader_noise}; {seconds / 60:.1f} min of training and "
         "evaluation in all.", "",
         "| method | accuracy (mean@k) | pooled AUROC | per-question AUROC | ECE |", "|---|---|---|---|---|",
     ]
     for label, stats in summary.items():
-        cells = [f"{m:.3f} ± {s:.3f}" for m, s in (stats[k] for k in HEADLINE)]
+        single = (counts or {}).get(label, seeds) == 1  # one value: no spread to show
+        cells = [f"{m:.3f}" if single else f"{m:.3f} ± {s:.3f}" for m, s in (stats[k] for k in HEADLINE)]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    lines += ["", "± is the standard deviation over seeds. Methods and their CAPOConfig overrides:", ""]
+    spread = "± is the standard deviation over seeds (a row without ± has one value). " if seeds > 1 else ""
+    lines += ["", f"{spread}Methods and their CAPOConfig overrides:", ""]
     lines += [f"- `{label}`: `{json.dumps(overrides)}`" for label, overrides in methods]
     lines += ["", "Plots: `val_curves.png` (validation accuracy and AUROC vs step, mean and min-max over seeds), "
               "`precision_coverage.png` (test split, first seed)."]

@@ -42,6 +42,24 @@ def evaluate_start(budget: Budget):
                          seed=0)
 
 
+def quiet_console(trainer, progress: bool) -> None:
+    """A newcomer's console: a progress bar (or nothing), not a metric dict per logging step.
+
+    The metrics still reach ``trainer.state.log_history``, the report and ``report_to``; only the
+    console printing of TRL/transformers' progress and printer callbacks is replaced.
+    """
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    class BarOnly(ProgressCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            pass
+
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    if progress:
+        trainer.add_callback(BarOnly())
+
+
 def train_method(overrides: dict, seed: int, budget: Budget, out_dir: Path):
     """Train one method with one seed; returns (trainer, validation history, test EvalResult)."""
     from transformers import AutoTokenizer
@@ -56,6 +74,7 @@ def train_method(overrides: dict, seed: int, budget: Budget, out_dir: Path):
     monitor = CalibrationCallback(arithmetic_dataset("validation", budget.val_problems), every_n_steps=budget.val_every,
                                   n=budget.val_samples, seed=seed)
     trainer.add_callback(monitor.bind(trainer))
+    quiet_console(trainer, budget.progress)
     trainer.train()
     tokenizer = AutoTokenizer.from_pretrained(model)
     return trainer, monitor.history, evaluate_test(trainer.model, tokenizer, budget, seed)
