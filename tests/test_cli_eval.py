@@ -17,7 +17,7 @@ _ = one_torch_thread  # a fixture, imported to be used by this module
 def test_eval_writes_report_samples_and_plots(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "out"
     rc = main(["eval", "--model", tiny_model_dir, "--benchmark", str(math500_file()), "--limit", "2", "--n", "2",
-               "--max-new-tokens", "8", "--out", str(out), "--plots", "--no-progress"])
+               "--max_new_tokens", "8", "--out", str(out), "--plots", "--no_progress"])
     assert rc == 0
     printed = capsys.readouterr().out
     assert "2 problems x 2 samples" in printed and "mean@2" in printed and "auroc_question" in printed
@@ -44,3 +44,17 @@ def test_dispatcher_and_module_entry_point(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exc:
         runpy.run_module("capo_trl.cli", run_name="__main__")  # what `python -m capo_trl.cli` runs
     assert exc.value.code == 0 and "--benchmark" in capsys.readouterr().out
+
+
+def test_one_flag_style_and_the_old_spelling_still_works():
+    """TRL's underscores everywhere; the hyphenated spelling of earlier releases is accepted."""
+    from capo_trl.cli import build_parser
+
+    parser = build_parser()
+    new = parser.parse_args(["eval", "--model", "m", "--benchmark", "b", "--out", "o", "--max_new_tokens", "7",
+                             "--no_progress"])
+    old = parser.parse_args(["eval", "--model", "m", "--benchmark", "b", "--out", "o", "--max-new-tokens", "7",
+                             "--no-progress"])
+    assert new.max_new_tokens == old.max_new_tokens == 7 and new.no_progress and old.no_progress
+    compare = parser.parse_args(["compare", "--out", "o", "--first-seed", "2", "--val_every", "5"])
+    assert (compare.first_seed, compare.val_every) == (2, 5)

@@ -14,8 +14,8 @@ from capo_trl.cli import main
 from capo_trl.harness import runs
 from capo_trl.harness.presets import Budget, method_config
 
-BUDGET = ["--steps", "2", "--test-problems", "4", "--test-samples", "2", "--val-every", "1", "--val-problems", "4",
-          "--val-samples", "2", "--no-progress"]
+BUDGET = ["--steps", "2", "--test_problems", "4", "--test_samples", "2", "--val_every", "1", "--val_problems", "4",
+          "--val_samples", "2", "--no_progress"]
 
 
 def _result(acc: float, n: int = 2):
@@ -65,7 +65,7 @@ def test_a_typo_in_any_method_is_refused_before_training(fake, tmp_path, capsys)
 
 @pytest.mark.parametrize("methods, needles", [
     ("grpo,capo:tau=-1", ["capo:tau=-1", "tau"]),
-    ("grpo,capo:seed=3", ["capo:seed=3", "seed", "--first-seed"]),
+    ("grpo,capo:seed=3", ["capo:seed=3", "seed", "--first_seed"]),
     ("grpo,grpo", ["grpo", "twice"]),
     ("grpo,capoo", ["capoo", "did you mean 'capo'"]),
     ("capo:tau=[", ["capo:tau=["]),
@@ -77,9 +77,9 @@ def test_bad_method_values_are_one_line_errors(fake, tmp_path, capsys, methods, 
 
 
 @pytest.mark.parametrize("flag, value", [
-    ("--seeds", "0"), ("--steps", "0"), ("--test-problems", "0"), ("--test-samples", "0"), ("--val-every", "0"),
-    ("--val-problems", "0"), ("--val-samples", "0"), ("--learning-rate", "0"), ("--grader-noise", "1.5"),
-    ("--first-seed", "-1"),
+    ("--seeds", "0"), ("--steps", "0"), ("--test_problems", "0"), ("--test_samples", "0"), ("--val_every", "0"),
+    ("--val_problems", "0"), ("--val_samples", "0"), ("--learning_rate", "0"), ("--grader_noise", "1.5"),
+    ("--first_seed", "-1"),
 ])
 def test_bad_numbers_are_one_line_errors(fake, tmp_path, capsys, flag, value):
     rc = main(["compare", "--methods", "grpo", "--seeds", "1", "--out", str(tmp_path / "o"), *BUDGET, flag, value])
@@ -170,8 +170,8 @@ def test_console_shows_a_bar_and_the_table_not_metric_dicts(tiny_model_dir, tmp_
     """A real (tiny) comparison: TRL's per-step metric dicts stay in the logs, not on the console."""
     out = tmp_path / "cmp"
     argv = ["compare", "--methods", "grpo", "--seeds", "1", "--steps", "3", "--model", tiny_model_dir, "--out",
-            str(out), "--test-problems", "2", "--test-samples", "2", "--val-every", "2", "--val-problems", "2",
-            "--val-samples", "2"]
+            str(out), "--test_problems", "2", "--test_samples", "2", "--val_every", "2", "--val_problems", "2",
+            "--val_samples", "2"]
     assert main(argv) == 0
     console = capsys.readouterr()
     assert "{'loss'" not in console.out + console.err and "'learning_rate'" not in console.out + console.err

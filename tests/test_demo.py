@@ -58,14 +58,14 @@ def test_methods_parse_with_amendments_and_reject_typos():
 @pytest.mark.slow
 def test_demo_compare_and_calibrate_mask_run_end_to_end(tmp_path, capsys):
     torch.manual_seed(0)
-    budget = ["--steps", "2", "--test-problems", "8", "--test-samples", "2", "--no-progress"]
+    budget = ["--steps", "2", "--test_problems", "8", "--test_samples", "2", "--no_progress"]
     assert main(["demo", *budget]) == 0
     printed = capsys.readouterr().out
     assert "before" in printed and "after" in printed and "auroc_question" in printed
 
     out = tmp_path / "cmp"
-    assert main(["compare", "--methods", "grpo,capo", "--seeds", "1", "--out", str(out), "--val-every", "1",
-                 "--val-problems", "4", "--val-samples", "2", *budget]) == 0
+    assert main(["compare", "--methods", "grpo,capo", "--seeds", "1", "--out", str(out), "--val_every", "1",
+                 "--val_problems", "4", "--val_samples", "2", *budget]) == 0
     for name in ("report.md", "metrics.csv", "final.csv", "summary.json", "val_curves.png", "precision_coverage.png"):
         assert (out / name).stat().st_size > 0, name
     assert (out / "val_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -77,7 +77,7 @@ def test_demo_compare_and_calibrate_mask_run_end_to_end(tmp_path, capsys):
     assert replot(out, val_samples=2) == data["plotted_points"]  # redrawn from metrics.csv alone
 
     config = tmp_path / "mask.yaml"
-    assert main(["calibrate-mask", "--limit", "8", "--n", "4", "--write-config", str(config)]) == 0
+    assert main(["calibrate-mask", "--limit", "8", "--n", "4", "--write_config", str(config)]) == 0
     written = config.read_text()
     assert "ref_high" in written and "ref_low" in written and "tau" in written
 
@@ -110,18 +110,18 @@ def _one_line_error(capsys, command, *needles):
     (["--method", "capo:tauu=1"], ["--method", "'tauu'", "did you mean 'tau'"]),
     (["--method", "grpo,capo"], ["--method", "one method"]),
     (["--steps", "0"], ["--steps"]),
-    (["--test-samples", "0"], ["--test-samples"]),
+    (["--test_samples", "0"], ["--test_samples"]),
     (["--model", "/no/such/model"], ["/no/such/model", "no such directory"]),
 ])
 def test_demo_refuses_bad_input_before_any_work(nothing_runs, capsys, extra, needles):
-    assert main(["demo", "--no-progress", *extra]) == 2
+    assert main(["demo", "--no_progress", *extra]) == 2
     err = _one_line_error(capsys, "demo", *needles)
     assert "--methods" not in err
 
 
 @pytest.mark.parametrize("extra, needles", [
-    (["--limit", "0"], ["--limit"]), (["--n", "0"], ["--n"]), (["--max-new-tokens", "0"], ["--max-new-tokens"]),
-    (["--n", "1", "--write-config", "x.yaml"], ["--n 1", "tau cannot be measured"]),
+    (["--limit", "0"], ["--limit"]), (["--n", "0"], ["--n"]), (["--max_new_tokens", "0"], ["--max_new_tokens"]),
+    (["--n", "1", "--write_config", "x.yaml"], ["--n 1", "tau cannot be measured"]),
     (["--model", "/no/such/model"], ["/no/such/model", "no such directory"]),
     (["--benchmark", "missing.jsonl"], ["missing.jsonl"]),
     (["--column", "problem=question"], ["--column", "arithmetic-train"]),
@@ -138,10 +138,10 @@ def test_calibrate_mask_refuses_a_config_that_is_not_a_mapping(nothing_runs, cap
     for text, needle in (("- a\n- b\n", "a YAML list"), ("tau: [\n", "not valid YAML"), ("just text\n", "a YAML str")):
         config = tmp_path / "recipe.yaml"
         config.write_text(text)
-        assert main(["calibrate-mask", "--write-config", str(config)]) == 2
+        assert main(["calibrate-mask", "--write_config", str(config)]) == 2
         _one_line_error(capsys, "calibrate-mask", str(config), needle)
         assert config.read_text() == text
-    assert main(["calibrate-mask", "--write-config", str(tmp_path / "no-dir" / "r.yaml")]) == 2
+    assert main(["calibrate-mask", "--write_config", str(tmp_path / "no-dir" / "r.yaml")]) == 2
     _one_line_error(capsys, "calibrate-mask", "no-dir")
 
 
@@ -166,7 +166,7 @@ def test_calibrate_mask_never_writes_an_unmeasured_value(monkeypatch, capsys, tm
     _measured(monkeypatch, **changes)
     config = tmp_path / "recipe.yaml"
     config.write_text("tau: 0.6  # paper\n")
-    assert main(["calibrate-mask", "--write-config", str(config)]) == 1
+    assert main(["calibrate-mask", "--write_config", str(config)]) == 1
     err = capsys.readouterr().err
     assert needle in err and "--limit" in err and "nothing written" in err
     assert config.read_text() == "tau: 0.6  # paper\n"
@@ -180,7 +180,7 @@ def test_calibrate_mask_updates_only_the_lines_of_its_keys(monkeypatch, capsys, 
     config = tmp_path / "recipe.yaml"
     config.write_text("".join(original))
     _measured(monkeypatch)
-    assert main(["calibrate-mask", "--write-config", str(config)]) == 0
+    assert main(["calibrate-mask", "--write_config", str(config)]) == 0
     updated = config.read_text().splitlines(keepends=True)
     assert len(updated) == len(original)  # every key was already there: no line added or lost
     changed = [(a, b) for a, b in zip(original, updated) if a != b]
@@ -192,11 +192,11 @@ def test_calibrate_mask_updates_only_the_lines_of_its_keys(monkeypatch, capsys, 
 
     short = tmp_path / "short.yaml"
     short.write_text("# my recipe\nlearning_rate: 1.0e-6\ntau_mode: relative   # was relative\n")
-    assert main(["calibrate-mask", "--write-config", str(short)]) == 0
+    assert main(["calibrate-mask", "--write_config", str(short)]) == 0
     text = short.read_text()
     assert text.startswith("# my recipe\nlearning_rate: 1.0e-6\ntau_mode: absolute   # was relative\n")
     assert yaml.safe_load(text) == {"learning_rate": 1e-6, "tau_mode": "absolute", "tau": 0.25, "ref_high": 1.8,
                                     "ref_low": 1.02, "ref_thresholds": "fixed"}
     created = tmp_path / "new.yaml"
-    assert main(["calibrate-mask", "--write-config", str(created)]) == 0
+    assert main(["calibrate-mask", "--write_config", str(created)]) == 0
     assert yaml.safe_load(created.read_text())["tau"] == 0.25

@@ -23,7 +23,7 @@ def no_loading(monkeypatch):
 
 def _eval(model, out, *extra):
     return main(["eval", "--model", str(model), "--benchmark", str(math500_file()), "--limit", "2", "--n", "2",
-                 "--max-new-tokens", "4", "--out", str(out), "--no-progress", *extra])
+                 "--max_new_tokens", "4", "--out", str(out), "--no_progress", *extra])
 
 
 def _one_line_error(capsys, *needles):
@@ -35,9 +35,9 @@ def _one_line_error(capsys, *needles):
 
 
 @pytest.mark.parametrize("extra, flag", [
-    (["--n", "0"], "--n"), (["--limit", "0"], "--limit"), (["--batch-size", "0"], "--batch-size"),
-    (["--max-new-tokens", "0"], "--max-new-tokens"), (["--temperature", "-0.5"], "--temperature"),
-    (["--top-p", "0"], "--top-p"), (["--top-p", "1.5"], "--top-p"), (["--top-k", "-1"], "--top-k"),
+    (["--n", "0"], "--n"), (["--limit", "0"], "--limit"), (["--batch_size", "0"], "--batch_size"),
+    (["--max_new_tokens", "0"], "--max_new_tokens"), (["--temperature", "-0.5"], "--temperature"),
+    (["--top_p", "0"], "--top_p"), (["--top_p", "1.5"], "--top_p"), (["--top_k", "-1"], "--top_k"),
     (["--ks", "1", "4"], "--ks"), (["--ks", "0"], "--ks"),
 ])
 def test_bad_numbers_are_one_line_errors(no_loading, tiny_model_dir, tmp_path, capsys, extra, flag):
@@ -70,7 +70,7 @@ def test_bad_benchmark_files_are_one_line_errors(no_loading, tiny_model_dir, tmp
         monkeypatch.setattr(evaluation, "_load_model", lambda *a, **k: pytest.fail("model loaded"))
         monkeypatch.setattr(evaluation, "_load_tokenizer", lambda *a, **k: pytest.fail("tokenizer loaded"))
     rc = main(["eval", "--model", tiny_model_dir, "--benchmark", str(path), "--out", str(tmp_path / "out"),
-               "--no-progress"])
+               "--no_progress"])
     assert rc == 2
     _one_line_error(capsys, needle)
 

@@ -36,7 +36,7 @@ def _one_line(run):
 
 
 def _quiet(args) -> None:
-    """--no-progress also hides the progress bars of datasets (file loading) and transformers (weights)."""
+    """--no_progress also hides the progress bars of datasets (file loading) and transformers (weights)."""
     if getattr(args, "no_progress", False):
         import datasets
         import transformers
@@ -117,11 +117,11 @@ def add_eval_parser(subparsers) -> None:
     p.add_argument("--limit", type=int, default=None, help="evaluate the first N problems only")
     p.add_argument("--n", type=int, default=16, help="samples per problem (default 16)")
     p.add_argument("--ks", type=int, nargs="+", default=None, help="k values of pass@k / maj@k (default 1,2,4..n)")
-    p.add_argument("--max-new-tokens", type=int, default=1024)
+    p.add_argument("--max_new_tokens", type=int, default=1024)
     p.add_argument("--temperature", type=float, default=1.0, help="sampling and log-prob temperature (0: greedy)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling, in (0, 1] (1: off)")
-    p.add_argument("--top-k", type=int, default=0, help="0 disables top-k")
-    p.add_argument("--batch-size", type=int, default=64, help="sequences per generate() call")
+    p.add_argument("--top_p", type=float, default=1.0, help="nucleus sampling, in (0, 1] (1: off)")
+    p.add_argument("--top_k", type=int, default=0, help="0 disables top-k")
+    p.add_argument("--batch_size", type=int, default=64, help="sequences per generate() call")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", default="transformers", choices=["transformers", "vllm"])
     p.add_argument("--device", default=None, help="e.g. cuda, cuda:1, cpu (default: cuda if available)")
@@ -129,12 +129,12 @@ def add_eval_parser(subparsers) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="write into a non-empty --out, replacing a previous report there (other files are kept)")
     p.add_argument("--plots", action="store_true", help="also write PNG plots")
-    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.add_argument("--no_progress", action="store_true", help="hide progress bars")
     p.set_defaults(func=run_eval)
 
 
-_EVAL_FLAGS = {"n": "--n", "ks": "--ks", "temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k",
-               "max_new_tokens": "--max-new-tokens", "batch_size": "--batch-size", "backend": "--backend"}
+_EVAL_FLAGS = {"n": "--n", "ks": "--ks", "temperature": "--temperature", "top_p": "--top_p", "top_k": "--top_k",
+               "max_new_tokens": "--max_new_tokens", "batch_size": "--batch_size", "backend": "--backend"}
 
 
 @_one_line
@@ -176,10 +176,10 @@ def run_eval(args) -> int:
 def _add_budget_args(p, steps: int, test_problems: int) -> None:
     p.add_argument("--model", default=None, help="model directory (default: the embedded arithmetic model)")
     p.add_argument("--steps", type=int, default=steps, help=f"RL steps per run (default {steps})")
-    p.add_argument("--test-problems", type=int, default=test_problems, help="test-split problems to evaluate")
-    p.add_argument("--test-samples", type=int, default=8, help="samples per test problem")
-    p.add_argument("--grader-noise", type=float, default=0.0, help="fraction of rewards flipped (mask ablations)")
-    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.add_argument("--test_problems", type=int, default=test_problems, help="test-split problems to evaluate")
+    p.add_argument("--test_samples", type=int, default=8, help="samples per test problem")
+    p.add_argument("--grader_noise", type=float, default=0.0, help="fraction of rewards flipped (mask ablations)")
+    p.add_argument("--no_progress", action="store_true", help="hide progress bars")
 
 
 def _budget(args, **extra):
@@ -234,15 +234,15 @@ def add_compare_parser(subparsers) -> None:
     )
     p.add_argument("--methods", default="grpo,capo", help="comma-separated, e.g. grpo,capo,capo:tau=0.5")
     p.add_argument("--seeds", type=int, default=3, help="number of seeds per method")
-    p.add_argument("--first-seed", type=int, default=0, help="seeds are first-seed .. first-seed + seeds - 1")
+    p.add_argument("--first_seed", type=int, default=0, help="seeds are first-seed .. first-seed + seeds - 1")
     p.add_argument("--out", required=True,
                    help="output directory: new, empty, or one this command wrote (resumed)")
     p.add_argument("--overwrite", action="store_true",
                    help="start again in a non-empty --out: forget its saved runs (other files are kept)")
-    p.add_argument("--val-every", type=int, default=25, help="validation every N steps")
-    p.add_argument("--val-problems", type=int, default=64)
-    p.add_argument("--val-samples", type=int, default=4)
-    p.add_argument("--learning-rate", type=float, default=None)
+    p.add_argument("--val_every", type=int, default=25, help="validation every N steps")
+    p.add_argument("--val_problems", type=int, default=64)
+    p.add_argument("--val_samples", type=int, default=4)
+    p.add_argument("--learning_rate", type=float, default=None)
     _add_budget_args(p, steps=200, test_problems=256)
     p.set_defaults(func=run_compare)
 
@@ -275,9 +275,9 @@ def add_calibrate_mask_parser(subparsers) -> None:
     _add_data_args(p)
     p.add_argument("--limit", type=int, default=128, help="number of prompts")
     p.add_argument("--n", type=int, default=8, help="samples per prompt (the group size you train with; >= 2)")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="default: 48 for arithmetic, else 1024")
+    p.add_argument("--max_new_tokens", type=int, default=None, help="default: 48 for arithmetic, else 1024")
     p.add_argument("--template", default=None, choices=_TEMPLATES, help=_TEMPLATE_HELP)
-    p.add_argument("--write-config", default=None, metavar="YAML",
+    p.add_argument("--write_config", default=None, metavar="YAML",
                    help="set tau, tau_mode, ref_high, ref_low and ref_thresholds in this YAML recipe (created if "
                         "missing; only those lines change, comments are kept)")
     p.set_defaults(func=run_calibrate_mask)
@@ -290,7 +290,7 @@ def run_calibrate_mask(args) -> int:
 
     _at_least(args.limit, "--limit", what="number of prompts")
     _at_least(args.n, "--n", what="samples per prompt")
-    _at_least(args.max_new_tokens, "--max-new-tokens")
+    _at_least(args.max_new_tokens, "--max_new_tokens")
     if args.n == 1:
         raise UsageError("--n 1 gives no within-group spread, tau cannot be measured: use --n >= 2 (the group size "
                          "you train with).")
@@ -327,7 +327,7 @@ def run_calibrate_mask(args) -> int:
         try:
             path.write_text(updated, encoding="utf-8")
         except OSError as err:
-            raise UsageError(f"--write-config {path}: cannot write it ({err.strerror}); give a writable path.") from err
+            raise UsageError(f"--write_config {path}: cannot write it ({err.strerror}); give a writable path.") from err
         print(f"wrote tau, tau_mode, ref_high, ref_low, ref_thresholds to {path}")
     return 0
 
@@ -362,11 +362,25 @@ def run_train(args) -> int:
 SUBCOMMANDS = [add_eval_parser, add_demo_parser, add_compare_parser, add_calibrate_mask_parser, add_train_parser]
 
 
+class _Parser(argparse.ArgumentParser):
+    """TRL's flag style (``--max_new_tokens``) for every subcommand; the hyphenated spelling
+    (``--max_new_tokens``) of earlier releases is still accepted, for one release."""
+
+    def add_argument(self, *names, **kwargs):
+        spelled = []
+        for name in names:
+            if name.startswith("--") and ("-" in name[2:] or "_" in name[2:]):
+                spelled += ["--" + name[2:].replace("-", "_"), "--" + name[2:].replace("_", "-")]
+            else:
+                spelled.append(name)
+        return super().add_argument(*dict.fromkeys(spelled), **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``capo-trl`` parser with every subcommand of :data:`SUBCOMMANDS` (also used to test the CLI)."""
     from . import __version__
 
-    parser = argparse.ArgumentParser(prog="capo-trl", description="Calibration-Aware Policy Optimization for TRL.")
+    parser = _Parser(prog="capo-trl", description="Calibration-Aware Policy Optimization for TRL.")
     parser.add_argument("--version", action="version", version=f"capo-trl {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in SUBCOMMANDS:

@@ -72,7 +72,7 @@ def unmeasured(report: dict) -> list[str]:
     return reasons
 
 
-def read_recipe(path, flag: str = "--write-config") -> str:
+def read_recipe(path, flag: str = "--write_config") -> str:
     """The text of a YAML recipe that :func:`update_recipe` can edit ('' for a new file); else a UsageError."""
     path = Path(path)
     if path.is_dir():

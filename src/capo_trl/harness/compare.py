@@ -148,7 +148,7 @@ def compare(methods: list[tuple[str, dict]], seeds: int, out: Path, budget: Budg
     if not is_int(seeds) or seeds < 1:
         raise UsageError(f"--seeds must be an integer >= 1 (runs per method), got {seeds!r}.")
     if not is_int(first_seed) or first_seed < 0:
-        raise UsageError(f"--first-seed must be an integer >= 0, got {first_seed!r}.")
+        raise UsageError(f"--first_seed must be an integer >= 0, got {first_seed!r}.")
     if not methods:
         raise UsageError("--methods is empty; give e.g. grpo,capo.")
     labels = [label for label, _ in methods]

@@ -62,11 +62,11 @@ class Budget(TrainingBudget):
 
 # ------------------------------------------------------------------------------------ validation
 # Budget fields the command line sets, and how its flags spell them (the others: Budget.<field>).
-BUDGET_FLAGS = {"steps": "--steps", "test_problems": "--test-problems", "test_samples": "--test-samples",
-                "grader_noise": "--grader-noise", "model": "--model", "val_every": "--val-every",
-                "val_problems": "--val-problems", "val_samples": "--val-samples", "learning_rate": "--learning-rate"}
+BUDGET_FLAGS = {"steps": "--steps", "test_problems": "--test_problems", "test_samples": "--test_samples",
+                "grader_noise": "--grader_noise", "model": "--model", "val_every": "--val_every",
+                "val_problems": "--val_problems", "val_samples": "--val_samples", "learning_rate": "--learning_rate"}
 # CAPOConfig fields the harness sets for every run: a method may not amend them.
-HARNESS_FIELDS = {"output_dir": "--out", "seed": "--first-seed and --seeds", "max_steps": "--steps",
+HARNESS_FIELDS = {"output_dir": "--out", "seed": "--first_seed and --seeds", "max_steps": "--steps",
                   "num_generations": "Budget.num_generations",
                   "per_device_train_batch_size": "Budget.prompts_per_step x Budget.num_generations",
                   "max_completion_length": "Budget.max_completion_length"}
@@ -99,9 +99,9 @@ def check_budget(budget: Budget) -> None:
     if not is_int(budget.warmup_steps) or budget.warmup_steps < 0:
         raise UsageError(f"Budget.warmup_steps must be an integer >= 0, got {budget.warmup_steps!r}.")
     if not is_number(budget.learning_rate) or budget.learning_rate <= 0:
-        raise UsageError(f"--learning-rate must be a number > 0, got {budget.learning_rate!r}.")
+        raise UsageError(f"--learning_rate must be a number > 0, got {budget.learning_rate!r}.")
     if not is_number(budget.grader_noise) or not 0 <= budget.grader_noise <= 1:
-        raise UsageError(f"--grader-noise is the fraction of rewards flipped: a number in [0, 1], got "
+        raise UsageError(f"--grader_noise is the fraction of rewards flipped: a number in [0, 1], got "
                          f"{budget.grader_noise!r}.")
     if budget.model is not None:
         check_model_path(budget.model, "--model")
