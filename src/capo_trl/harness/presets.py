@@ -20,7 +20,7 @@ from ..errors import UsageError, check_model_path
 
 # The paper's CAPO, exactly (tau in nats, 1/tau scale, fixed mask thresholds).
 PAPER = dict(advantage_estimator="capo", tau=0.6, tau_mode="absolute", advantage_scale="paper",
-             noise_mask=True, ref_thresholds="fixed", ref_high=2.5, ref_low=1.05)
+             noise_mask=True, ref_thresholds="fixed", ref_high=2.5, ref_low=1.05, noise_mask_guard=False)
 PRESETS: dict[str, dict] = {
     "grpo": dict(advantage_estimator="grpo"),
     "capo": dict(EMBEDDED_METHOD),  # what `capo-trl train` trains the embedded model with
