@@ -19,6 +19,7 @@ from datasets import Dataset
 
 from capo_trl import cli
 from capo_trl import train as capo_train
+from capo_trl.reward_names import resolve_reward
 from capo_trl.reference import ReferenceScoreCache
 
 HERE = Path(__file__).resolve().parent
@@ -102,7 +103,7 @@ def test_bad_arguments_fail_cleanly_naming_the_problem(tmp_path, capsys):
     cases = [
         (["--reward_funcs", "no_such_reward"], "Unknown reward function 'no_such_reward'"),
         (["--reward_funcs", "capo_trl.nowhere:f"], "Cannot load reward function 'capo_trl.nowhere:f'"),
-        (["--reward_funcs", "capo_trl.train:REWARDS"], "not callable"),
+        (["--reward_funcs", "capo_trl.reward_names:REWARDS"], "not callable"),
         (["--reward_funcs", "math_accuracy", "boxed_format", "--reward_weights", "1.0"], "reward_weights has 1"),
         (["--model_name_or_path", "m", "--load_in_4bit", "true"], "use_peft"),
         (["--model_name_or_path", "m", "--beta", "0.1", "--sync_ref_model", "true"], "sync_ref_model"),
@@ -119,11 +120,11 @@ def test_bad_arguments_fail_cleanly_naming_the_problem(tmp_path, capsys):
 def test_reward_functions_by_name_and_dotted_path():
     from capo_trl.rewards import boxed_format_reward, math_accuracy_reward
 
-    assert capo_train.resolve_reward("math_accuracy") is math_accuracy_reward
-    assert capo_train.resolve_reward("math_accuracy_reward") is math_accuracy_reward
-    assert capo_train.resolve_reward("boxed_format") is boxed_format_reward
-    assert capo_train.resolve_reward("capo_trl.rewards:boxed_format_reward") is boxed_format_reward
-    assert capo_train.resolve_reward("capo_trl.rewards.boxed_format_reward") is boxed_format_reward
+    assert resolve_reward("math_accuracy") is math_accuracy_reward
+    assert resolve_reward("math_accuracy_reward") is math_accuracy_reward
+    assert resolve_reward("boxed_format") is boxed_format_reward
+    assert resolve_reward("capo_trl.rewards:boxed_format_reward") is boxed_format_reward
+    assert resolve_reward("capo_trl.rewards.boxed_format_reward") is boxed_format_reward
 
 
 # ------------------------------------------------------------------------------------------ data
@@ -131,7 +132,8 @@ def test_datasets_local_registry_and_hub(tmp_path, monkeypatch):
     local = tmp_path / "q.jsonl"
     rows = [{"question": "1+1?", "final": "2"}, {"question": "2+2?", "final": 4}]
     local.write_text("\n".join(json.dumps(row) for row in rows))
-    script, _, _ = capo_train.parse_args(["--dataset_name", str(local), "--prompt_template", "plain",
+    script, _, _ = capo_train.parse_args(["--model_name_or_path", "m", "--dataset_name", str(local),
+                                          "--prompt_template", "plain",
                                           "--dataset_columns", "problem=question", "answer=final"])
     ds = capo_train.load_problems(script, None, None)
     assert ds["answer"] == ["2", "4"] and ds["prompt"][0].startswith("1+1?\n")
@@ -153,11 +155,13 @@ def test_datasets_local_registry_and_hub(tmp_path, monkeypatch):
     import datasets
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    script, _, _ = capo_train.parse_args(["--dataset_name", "someone/math", "--dataset_config", "main",
+    script, _, _ = capo_train.parse_args(["--model_name_or_path", "m", "--dataset_name", "someone/math",
+                                          "--dataset_config", "main",
                                           "--dataset_columns", "problem=question", "answer=solution"])
     ds = capo_train.load_problems(script, None, None)
     assert calls == {"name": "someone/math", "config": "main", "split": "train"}
-    assert ds.column_names == ["prompt", "answer", "id"] and ds[0]["answer"] == "6"  # data.normalise's schema
+    # data.normalise's schema, then every column not mapped (TRL passes them to the reward functions)
+    assert ds.column_names == ["prompt", "answer", "id", "extra"] and ds[0]["answer"] == "6"
     assert ds[0]["id"] == "someone/math/0"
     assert ds[0]["prompt"][-1] == {"role": "user", "content": "3+3?"}  # qwen_math: conversational
 
@@ -171,6 +175,160 @@ def test_max_prompt_length_drops_long_prompts(tiny_model_dir):
     chat = Dataset.from_list([{"prompt": [{"role": "user", "content": "hi"}], "answer": "1"}])
     assert len(capo_train.drop_long_prompts(chat, tokenizer, 5)) == 0  # the chat template's tokens count
     assert len(capo_train.drop_long_prompts(chat, tokenizer, 50)) == 1
+
+
+# ------------------------------------------------------------------------------------------ TRL's formats and names
+SEEN = []
+
+
+def difficulty_reward(completions, difficulty, **kwargs):
+    """Records the extra column it is given: TRL passes every dataset column as a keyword argument."""
+    SEEN.append((list(difficulty), sorted(kwargs)))
+    return [0.0] * len(completions)
+
+
+def write_rows(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+def test_trl_format_datasets_keep_prompt_and_every_column(tmp_path, monkeypatch):
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1?"}]
+    conversational = write_rows(tmp_path / "chat.jsonl", [{"prompt": chat, "solution": "$2$", "level": 3}] * 2)
+    script, _, _ = capo_train.parse_args(["--model_name_or_path", "m", "--dataset_name", conversational,
+                                          "--reward_funcs", "accuracy_reward"])
+    ds = capo_train.load_problems(script, None, None)
+    assert ds.column_names == ["prompt", "solution", "level"] and ds[0]["prompt"] == chat  # not str(list)
+    assert ds[0]["solution"] == "$2$"
+    text = write_rows(tmp_path / "text.jsonl", [{"prompt": "1+1=", "solution": "2", "difficulty": "easy"}])
+    script, _, _ = capo_train.parse_args(["--model_name_or_path", "m", "--dataset_name", text,
+                                          "--dataset_columns", "answer=solution"])
+    ds = capo_train.load_problems(script, None, None)
+    assert ds[0] == {"prompt": "1+1=", "solution": "2", "difficulty": "easy", "answer": "2"}
+    # the math convenience stays: problem/answer + template, the other columns kept
+    math = write_rows(tmp_path / "math.jsonl", [{"problem": "1+1?", "answer": "2", "difficulty": "easy"}])
+    script, _, _ = capo_train.parse_args(["--model_name_or_path", "m", "--dataset_name", math,
+                                          "--prompt_template", "raw"])
+    assert capo_train.load_problems(script, None, None)[0] == {"prompt": "1+1?", "answer": "2", "id": "math/0",
+                                                               "difficulty": "easy"}
+    # ... and mapping problem= builds prompts from that column even next to a prompt column
+    script, _, _ = capo_train.parse_args(["--model_name_or_path", "m", "--dataset_name", text,
+                                          "--dataset_columns", "problem=prompt", "answer=solution",
+                                          "--prompt_template", "plain"])
+    assert capo_train.load_problems(script, None, None)[0]["prompt"].startswith("1+1=\n")
+    script, _, _ = capo_train.parse_args(["--model_name_or_path", "m", "--dataset_name", text,
+                                          "--prompt_template", "raw"])
+    with pytest.raises(ValueError, match="'prompt' column, used as is"):
+        capo_train.load_problems(script, None, None)
+    # a hub dataset in TRL's format is used as is too
+    import datasets
+
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: Dataset.from_list(
+        [{"prompt": chat, "solution": "$2$", "source": "x"}]))
+    script, _, _ = capo_train.parse_args(["--model_name_or_path", "m", "--dataset_name", "someone/trl-format"])
+    assert capo_train.load_problems(script, None, None).column_names == ["prompt", "solution", "source"]
+    # registry benchmarks keep their schema
+    script, _, _ = capo_train.parse_args(["--dataset_name", "arithmetic", "--dataset_limit", "2"])
+    assert capo_train.load_problems(script, None, 2).column_names == ["prompt", "answer", "id"]
+
+
+def test_extra_columns_reach_the_reward_functions(tiny_model_dir, tmp_path):
+    rows = [{"prompt": f"{i}+1=", "solution": str(i + 1), "difficulty": f"d{i}"} for i in range(4)]
+    path = write_rows(tmp_path / "text.jsonl", rows)
+    SEEN.clear()
+    argv = job(tiny_model_dir, path, tmp_path / "out", "--max_steps", "1", "--save_strategy", "no")
+    argv[argv.index("--prompt_template"):argv.index("--prompt_template") + 2] = []  # the prompts are written
+    argv[argv.index("test_train_cli:coin_reward")] = "test_train_cli:difficulty_reward"
+    trainer = capo_train.main(argv)
+    assert trainer.state.global_step == 1 and SEEN
+    values, names = SEEN[0]
+    assert set(values) <= {"d0", "d1", "d2", "d3"} and "solution" in names
+
+
+def test_conversational_jsonl_trains_with_trls_accuracy_reward(tiny_model_dir, tmp_path):
+    rows = [{"prompt": [{"role": "user", "content": f"{i}+1=?"}], "solution": f"${i + 1}$"} for i in range(4)]
+    argv = job(tiny_model_dir, write_rows(tmp_path / "chat.jsonl", rows), tmp_path / "out", "--max_steps", "1",
+               "--save_strategy", "no")
+    argv[argv.index("--prompt_template"):argv.index("--prompt_template") + 2] = []
+    argv[argv.index("test_train_cli:coin_reward")] = "accuracy_reward"
+    trainer = capo_train.main(argv)
+    assert trainer.state.global_step == 1 and trainer.reward_func_names == ["accuracy_reward"]
+    assert any("rewards/accuracy_reward/mean" in row for row in trainer.state.log_history)
+
+
+def test_trl_reward_names_resolve_and_factories_say_what_to_do(capsys):
+    import trl.rewards
+
+    from capo_trl.rewards import math_accuracy_reward
+
+    assert resolve_reward("accuracy_reward") is trl.rewards.accuracy_reward
+    assert resolve_reward("think_format_reward") is trl.rewards.think_format_reward
+    assert resolve_reward("reasoning_accuracy_reward") is trl.rewards.reasoning_accuracy_reward
+    assert resolve_reward("math_accuracy_reward") is math_accuracy_reward  # ours keep their names
+    err = one_line_error(capsys, ["--reward_funcs", "get_soft_overlong_punishment"])
+    assert "reward factory" in err and "dotted path" in err
+    assert "accuracy_reward" in one_line_error(capsys, ["--reward_funcs", "no_such_reward"])
+
+
+def test_trl_grpo_fields_are_accepted_or_refused_in_one_line(tiny_model_dir, problems_file, tmp_path, capsys):
+    recipe = tmp_path / "mix.yaml"
+    recipe.write_text(yaml.safe_dump({"model_name_or_path": "m", "datasets": [{"path": "a/b", "split": "train"}]}))
+    assert "concatenate_datasets" in one_line_error(capsys, ["--config", str(recipe)])
+    err = one_line_error(capsys, ["--model_name_or_path", "m", "--dataset_streaming", "true"])
+    assert "dataset_streaming is not supported" in err and "dataset_limit" in err
+    err = one_line_error(capsys, ["--model_name_or_path", "m", "--reward_model_name_or_path", "rm",
+                                  "--reward_weights", "1.0"])
+    assert "reward_weights has 1 entries for 2 reward functions (the reward model first)" in err
+    # a reward model is a reward function, as in `trl grpo`
+    trainer = capo_train.main(job(tiny_model_dir, problems_file, tmp_path / "out", "--max_steps", "1",
+                                  "--save_strategy", "no", "--reward_model_name_or_path", tiny_model_dir))
+    from transformers import PreTrainedModel
+
+    assert trainer.state.global_step == 1 and isinstance(trainer.reward_funcs[0], PreTrainedModel)
+    assert len(trainer.reward_funcs) == 2
+
+
+def test_no_model_says_so_and_refuses_other_datasets(capsys):
+    capo_train.parse_args([])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no model_name_or_path: training the embedded tiny model" in err
+    assert "noise_mask False" in err and "200 steps" in err
+    capo_train.parse_args(["--model_name_or_path", "m"])
+    assert "embedded" not in capsys.readouterr().err
+    err = one_line_error(capsys, ["--dataset_name", "math500"])
+    assert "only does the arithmetic task" in err and "--model_name_or_path" in err
+
+
+def test_help_shows_the_documented_defaults(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "on for 'capo', off for 'grpo'. (default: None)" in out
+    assert "no model_name_or_path" not in out
+
+
+def test_reward_columns_are_checked_before_the_model_loads(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    from capo_trl import trainer as trainer_module
+
+    def never(*args, **kwargs):
+        raise AssertionError("CAPOTrainer was built")
+
+    monkeypatch.setattr(trainer_module, "CAPOTrainer", never)
+    out = str(tmp_path / "out")
+    no_gold = write_rows(tmp_path / "q.jsonl", [{"problem": "1+1?", "final": "2"}] * 4)
+    argv = job(tiny_model_dir, no_gold, out, "--reward_funcs", "math_accuracy", "--dataset_columns", "id=final")
+    err = one_line_error(capsys, argv)
+    assert "'answer' or 'solution'" in err and "--dataset_columns answer=NAME" in err
+    chat = [{"role": "user", "content": "1+1?"}]
+    only_answer = write_rows(tmp_path / "a.jsonl", [{"prompt": chat, "answer": "2"}] * 4)
+    argv = job(tiny_model_dir, only_answer, out, "--reward_funcs", "accuracy_reward")
+    argv[argv.index("--prompt_template"):argv.index("--prompt_template") + 2] = []
+    err = one_line_error(capsys, argv)
+    assert "needs the dataset column 'solution'" in err and "--dataset_columns solution=NAME" in err
+    text = write_rows(tmp_path / "t.jsonl", [{"prompt": "1+1=", "solution": "2"}] * 4)
+    argv = job(tiny_model_dir, text, out, "--reward_funcs", "accuracy_reward")
+    argv[argv.index("--prompt_template"):argv.index("--prompt_template") + 2] = []
+    assert "reads chat completions" in one_line_error(capsys, argv)
 
 
 # ------------------------------------------------------------------------------------------ reference cache

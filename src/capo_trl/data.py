@@ -37,6 +37,7 @@ def raw_prompt(problem: str) -> str:
 PROMPT_TEMPLATES = {"qwen_math": qwen_math_prompt, "plain": plain_math_prompt, "raw": raw_prompt}
 DEFAULT_TEMPLATE = "qwen_math"  # of a math dataset that names none (the arithmetic task's is "raw")
 ROLES = ("problem", "answer", "id")
+TRAIN_ROLES = (*ROLES, "solution")  # capo-trl train also names the column TRL's accuracy_reward reads
 
 
 class BenchmarkError(UsageError):
@@ -52,17 +53,17 @@ def parse_column(text: str, flag: str | None = None) -> tuple[str, str]:
     return role, name
 
 
-def parse_columns(pairs, flag: str = "columns") -> dict[str, str] | None:
+def parse_columns(pairs, flag: str = "columns", roles: tuple[str, ...] = ROLES) -> dict[str, str] | None:
     """``["problem=question", ...]`` -> ``{"problem": "question", ...}`` (None when empty); roles are checked."""
     mapping = dict(parse_column(pair, flag) for pair in pairs or [])
-    _check_roles(mapping, flag)
+    _check_roles(mapping, flag, roles)
     return mapping or None
 
 
-def _check_roles(mapping: dict, flag: str) -> None:
-    unknown = sorted(set(mapping) - set(ROLES))
+def _check_roles(mapping: dict, flag: str, roles: tuple[str, ...] = ROLES) -> None:
+    unknown = sorted(set(mapping) - set(roles))
     if unknown:
-        raise BenchmarkError(f"{flag}: unknown role {', '.join(map(repr, unknown))}; map any of {ROLES} to a column "
+        raise BenchmarkError(f"{flag}: unknown role {', '.join(map(repr, unknown))}; map any of {roles} to a column "
                              "name.")
 
 
@@ -127,7 +128,8 @@ def dataset_kind(name: str) -> str:
 
 
 def load_benchmark(name_or_path: str, split: str | None = None, limit: int | None = None,
-                   columns: dict[str, str] | None = None, template: str | None = None) -> Dataset:
+                   columns: dict[str, str] | None = None, template: str | None = None,
+                   keep_columns: bool = False) -> Dataset:
     """A benchmark as a dataset with columns ``prompt``, ``answer`` and ``id`` (all else dropped).
 
     ``name_or_path``: a registry name (:data:`BENCHMARKS`, case-insensitive), or a local
@@ -136,16 +138,22 @@ def load_benchmark(name_or_path: str, split: str | None = None, limit: int | Non
     ``columns`` maps roles ``problem``/``answer``/``id`` to other column names.
     ``template``: ``"qwen_math"`` (conversational, the default for math), ``"plain"`` or ``"raw"``.
     ``answer`` is a string, or a list of acceptable answers when some row has several.
+
+    ``keep_columns`` (what ``capo-trl train`` asks for a local file, TRL's way): every other column
+    is kept, for the reward functions; and a file that already has a ``prompt`` column (text, or
+    a list of chat messages) and no mapped ``problem`` is used as is (:func:`trl_format`).
     """
     spec = _resolve(name_or_path)
-    _check_roles(columns or {}, "columns")
+    template_given = template
+    _check_roles(columns or {}, "columns", TRAIN_ROLES if keep_columns else ROLES)
     template = template or (spec.template if spec else DEFAULT_TEMPLATE)
     prompt_template(template)  # a bad name fails before anything loads
     if limit is not None and limit < 1:
         raise BenchmarkError(f"limit must be >= 1, got {limit}.")
     if spec is not None and spec.hub_id is None:  # the embedded arithmetic task
         ds = arithmetic_dataset(split=split or "test", n=limit or _ARITHMETIC_DEFAULT_SIZE)
-        return normalise(ds, {"problem": "prompt", "answer": "answer", "id": None}, template, name="arithmetic")
+        return normalise(ds, {"problem": "prompt", "answer": "answer", "id": None}, template, name="arithmetic",
+                         keep_columns=keep_columns)
     if spec is not None:
         mapping = {"problem": spec.problem, "answer": spec.answer, "id": spec.id, **(columns or {})}
         ds = _load_hub(spec, split or spec.split)
@@ -156,10 +164,52 @@ def load_benchmark(name_or_path: str, split: str | None = None, limit: int | Non
             raise BenchmarkError(f"split={split!r} does not apply to a local file ({name_or_path}): "
                                  "give each split its own file.")
         ds = _load_local(Path(name_or_path))
+        if keep_columns and uses_prompt_column(ds, columns):
+            return trl_format(ds, columns, limit=limit, source=repr(str(name_or_path)), template=template_given)
         mapping = {"problem": "problem", "answer": "answers" if "answers" in ds.column_names else "answer",
                    "id": "id" if "id" in ds.column_names else None, **(columns or {})}
+        if keep_columns and mapping["answer"] not in ds.column_names and not (columns or {}).get("answer"):
+            mapping["answer"] = None  # no gold: fine for reward functions that need none (train checks them)
         source, name, hint = repr(str(name_or_path)), Path(name_or_path).stem, ""
-    return normalise(ds, mapping, template, name=name, source=source, limit=limit, hint=hint)
+    return normalise(ds, mapping, template, name=name, source=source, limit=limit, hint=hint,
+                     keep_columns=keep_columns)
+
+
+def uses_prompt_column(ds: Dataset, columns: dict[str, str] | None = None) -> bool:
+    """True for TRL's own format: a ``prompt`` column, and no ``problem`` role mapped to another column."""
+    return "prompt" in ds.column_names and not (columns or {}).get("problem")
+
+
+def trl_format(ds: Dataset, columns: dict[str, str] | None = None, *, limit: int | None = None,
+               source: str = "dataset", template: str | None = None) -> Dataset:
+    """A dataset in TRL's format (a ``prompt`` column: text, or a list of ``{"role", "content"}`` messages)
+    used as is: every column is kept (GRPOTrainer passes them to the reward functions as keyword
+    arguments); a mapped role (``answer=final``, ``solution=...``, ``id=...``) adds that column under
+    the role's name. ``template`` must be None: the prompts are already written."""
+    if template is not None:
+        raise BenchmarkError(f"Dataset {source} has a 'prompt' column, used as is; prompt_template applies to a "
+                             "problem column only: drop prompt_template, or map problem=COLUMN to build prompts from "
+                             "another column.")
+    columns = dict(columns or {})
+    for role, col in columns.items():
+        if col not in ds.column_names:
+            raise BenchmarkError(f"Dataset {source} has no column {col!r} for the {role} (columns: "
+                                 f"{', '.join(ds.column_names)}). Name the column that holds it: ROLE=NAME.")
+    if limit is not None:
+        if limit < 1:
+            raise BenchmarkError(f"limit must be >= 1, got {limit}.")
+        ds = ds.select(range(min(limit, len(ds))))
+    for i, prompt in enumerate(ds["prompt"][:1000]):
+        if not (isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(
+                isinstance(m, dict) and "role" in m and "content" in m for m in prompt))):
+            raise BenchmarkError(f"Dataset {source}: row {i}'s prompt is a {type(prompt).__name__}, not text nor a "
+                                 "list of {'role', 'content'} messages (TRL's standard and conversational formats).")
+    for role, col in columns.items():
+        if col != role:
+            values = ds[col]
+            ds = ds.remove_columns([role]) if role in ds.column_names else ds
+            ds = ds.add_column(role, values)
+    return ds
 
 
 def _resolve(name_or_path: str) -> BenchmarkSpec | None:
@@ -229,7 +279,13 @@ def _load_local(path: Path) -> Dataset:
 
 
 def _column(values: list) -> list:
-    """One Arrow-storable column: text scalars, or lists of text when any row holds a list."""
+    """One Arrow-storable column: text scalars, or lists of text when any row holds a list.
+
+    Chat messages (every value a list of dicts, or a dict) are kept as they are: TRL's conversational prompts."""
+    present = [v for v in values if v is not None]
+    if present and (all(isinstance(v, dict) for v in present) or all(
+            isinstance(v, list) and v and all(isinstance(m, dict) for m in v) for v in present)):
+        return values
     if any(isinstance(v, (list, tuple)) for v in values):
         return [_gold_list(v if isinstance(v, (list, tuple)) else [v]) for v in values]
     return [v if v is None or isinstance(v, str) else _answer_text(v) for v in values]
@@ -243,17 +299,21 @@ def _answer_text(v) -> str:
 
 
 def normalise(ds: Dataset, mapping: dict, template: str = DEFAULT_TEMPLATE, *, name: str = "dataset",
-              source: str | None = None, limit: int | None = None, hint: str = "") -> Dataset:
+              source: str | None = None, limit: int | None = None, hint: str = "",
+              keep_columns: bool = False) -> Dataset:
     """``ds`` as columns ``prompt``/``answer``/``id`` (all else dropped), the one schema of every loader.
 
-    ``mapping`` names the column of each role (``problem`` and ``answer`` required, ``id`` may be
-    None: ids become ``"<name>/<row>"``); a missing column is a BenchmarkError naming ``source``
+    ``keep_columns``: every other column follows them (for the reward functions, as TRL passes
+    them), and a mapped ``solution`` role is added as a ``solution`` column.
+
+    ``mapping`` names the column of each role (``problem`` required; ``answer`` None: no gold column,
+    for reward functions that need none; ``id`` None: ids become ``"<name>/<row>"``); a missing column is a BenchmarkError naming ``source``
     (default: ``name``) and ending with ``hint``. The problem becomes a prompt by ``template`` (a
     :data:`PROMPT_TEMPLATES` name); gold answers become text, or lists of text when some row has several.
     """
     make_prompt = prompt_template(template)
     source = repr(name) if source is None else source
-    for role in ROLES:
+    for role in TRAIN_ROLES if keep_columns else ROLES:
         col = mapping.get(role)
         if col is not None and col not in ds.column_names:
             raise BenchmarkError(
@@ -263,14 +323,19 @@ def normalise(ds: Dataset, mapping: dict, template: str = DEFAULT_TEMPLATE, *, n
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
     problems = [str(p) for p in ds[mapping["problem"]]]
-    golds = [_gold_list(a) for a in ds[mapping["answer"]]]
+    golds = [_gold_list(a) for a in ds[mapping["answer"]]] if mapping.get("answer") else None
     ids = [str(i) for i in ds[mapping["id"]]] if mapping.get("id") else [f"{name}/{i}" for i in range(len(ds))]
-    several = any(len(g) != 1 for g in golds)
-    return Dataset.from_dict({
-        "prompt": [make_prompt(p) for p in problems],
-        "answer": golds if several else [g[0] for g in golds],
-        "id": ids,
-    })
+    out = {"prompt": [make_prompt(p) for p in problems]}
+    if golds is not None:
+        several = any(len(g) != 1 for g in golds)
+        out["answer"] = golds if several else [g[0] for g in golds]
+    out["id"] = ids
+    if keep_columns:
+        if mapping.get("solution"):
+            out["solution"] = ds[mapping["solution"]]
+        used = {mapping.get(role) for role in TRAIN_ROLES}
+        out.update({col: ds[col] for col in ds.column_names if col not in out and col not in used})
+    return Dataset.from_dict(out)
 
 
 def _gold_list(value) -> list[str]:

@@ -9,16 +9,19 @@ unchanged on any number of processes::
     accelerate launch --config_file examples/accelerate/zero2.yaml -m capo_trl.cli train --config RECIPE.yaml
 
 Without a model it trains the embedded default (the tiny arithmetic model on the arithmetic task,
-graded by ``math_accuracy``) with settings that fit a CPU: what ``capo-trl demo`` trains.
+graded by ``math_accuracy``) with settings that fit a CPU: what ``capo-trl demo`` trains, and says so
+on stderr; the embedded model with any other dataset is refused.
+
+A recipe written for ``trl grpo`` runs too: TRL's dataset format (a ``prompt`` column, every other
+column passed to the reward functions), ``trl.rewards``' function names, ``reward_model_name_or_path``;
+``datasets`` (mixtures) and ``dataset_streaming`` are refused with what to do instead (docs/migration.md).
 """
 
 from __future__ import annotations
 
 import difflib
-import importlib
 import os
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,12 +31,7 @@ from . import arithmetic, data
 from .config import CAPOConfig
 from .defaults import EMBEDDED_METHOD, TrainingBudget, training_config
 from .errors import UsageError, check_model_path, check_output_dir
-
-# Reward functions known by short name; anything else is a dotted path.
-REWARDS = {
-    "math_accuracy": "capo_trl.rewards:math_accuracy_reward",
-    "boxed_format": "capo_trl.rewards:boxed_format_reward",
-}
+from .reward_names import check_reward_columns, resolve_reward
 
 
 @dataclass
@@ -46,8 +44,11 @@ class ScriptArguments:
     dataset_name: str | None = field(
         default=None,
         metadata={"help": f"Training data: a capo_trl.data registry name ({', '.join(sorted(data.BENCHMARKS))}), a "
-                  f"hub dataset id, or a local {'/'.join(data.LOCAL_SUFFIXES)} file with 'problem' and 'answer' "
-                  "columns. Default: the embedded arithmetic task."},
+                  f"hub dataset id (or a local dataset folder), or a local {'/'.join(data.LOCAL_SUFFIXES)} file. "
+                  "A file or hub dataset with a 'prompt' column (TRL's text or conversational format) is used as is; "
+                  "else its 'problem' and 'answer' columns make the prompts (prompt_template). Every other column "
+                  "reaches the reward functions as a keyword argument, as in TRL. Default: the embedded arithmetic "
+                  "task."},
     )
     dataset_config: str | None = field(
         default=None, metadata={"help": "Configuration name of a hub dataset id (load_dataset's `name`)."},
@@ -66,8 +67,9 @@ class ScriptArguments:
     )
     dataset_columns: list[str] | None = field(
         default=None,
-        metadata={"help": f"Column mapping ROLE=NAME for the roles {', '.join(data.ROLES)}, e.g. "
-                  "--dataset_columns problem=question answer=final_answer (a YAML mapping also works)."},
+        metadata={"help": f"Column mapping ROLE=NAME for the roles {', '.join(data.TRAIN_ROLES)}, e.g. "
+                  "--dataset_columns problem=question answer=final_answer (a YAML mapping also works). Mapping "
+                  "problem builds prompts from that column even when the dataset has a 'prompt' column."},
     )
     prompt_template: str | None = field(
         default=None,
@@ -88,8 +90,23 @@ class ScriptArguments:
     )
     reward_funcs: list[str] = field(
         default_factory=lambda: ["math_accuracy"],
-        metadata={"help": "Reward functions: 'math_accuracy', 'boxed_format', or a dotted path "
+        metadata={"help": "Reward functions: 'math_accuracy', 'boxed_format', a function of trl.rewards by name "
+                  "('accuracy_reward', 'think_format_reward', 'reasoning_accuracy_reward'), or a dotted path "
                   "('package.module:function' or 'package.module.function'). Weights: --reward_weights."},
+    )
+    reward_model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "A reward model (hub id or local folder, loaded by TRL as a sequence classifier with one "
+                  "label), as in `trl grpo`: it becomes the first reward function, before reward_funcs."},
+    )
+    # `trl grpo` fields that capo-trl train accepts by name but refuses (check_args says why and what to do).
+    datasets: list[dict] | None = field(
+        default=None,
+        metadata={"help": "TRL's dataset mixtures: not supported (refused with the alternative); give dataset_name."},
+    )
+    dataset_streaming: bool = field(
+        default=False,
+        metadata={"help": "TRL's streaming datasets: not supported (refused with the alternative)."},
     )
 
     def __post_init__(self):
@@ -97,11 +114,12 @@ class ScriptArguments:
             self.dataset_columns = [f"{k}={v}" for k, v in self.dataset_columns.items()]
         if isinstance(self.reward_funcs, str):  # a YAML scalar
             self.reward_funcs = [self.reward_funcs]
+        self.reward_funcs = list(self.reward_funcs or [])  # `trl grpo`'s default is None
         self.columns()  # validate early
 
     def columns(self) -> dict[str, str] | None:
         """``dataset_columns`` as ``{role: column}``."""
-        return data.parse_columns(self.dataset_columns, "dataset_columns")
+        return data.parse_columns(self.dataset_columns, "dataset_columns", data.TRAIN_ROLES)
 
 
 # ------------------------------------------------------------------------------------------ parsing
@@ -170,6 +188,7 @@ def parse_args(argv: list[str] | None = None):
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = make_parser()
+    helping = any(a in ("-h", "--help") for a in argv)  # --help shows the dataclasses' defaults, as documented
     config = _config_file(argv)
     if config:
         _check_known_keys(parser, config, argv[argv.index("--config") + 1])
@@ -183,22 +202,48 @@ def parse_args(argv: list[str] | None = None):
         flags = (f"--{name}", f"--{name.replace('_', '-')}")
         return name in config or any(a.split("=", 1)[0] in flags for a in argv)
 
-    if not given("model_name_or_path"):
+    embedded = not given("model_name_or_path")
+    if embedded and not helping:
         defaults.update(embedded_defaults())
         if not given("dataset_name"):
             defaults["dataset_limit"] = TrainingBudget().train_problems  # the problems `capo-trl demo` trains on
     parser.set_defaults(**defaults)
     script_args, training_args, model_args = parser.parse_args_and_config(argv)
     check_args(script_args, training_args, model_args)
+    if embedded and os.environ.get("RANK", "0") == "0":
+        print(f"capo-trl train: no model_name_or_path: training the embedded tiny model with the embedded default "
+              f"settings ({_embedded_summary(training_args, script_args)}); give --model_name_or_path to train "
+              "another model.", file=sys.stderr)
     return script_args, training_args, model_args
+
+
+def _embedded_summary(args: CAPOConfig, script_args: ScriptArguments) -> str:
+    """What the embedded default trains, in one clause (the values after any recipe or flag)."""
+    return (f"{script_args.dataset_name or 'arithmetic'} task, {args.advantage_estimator} with tau_mode "
+            f"{args.tau_mode}, noise_mask {args.noise_mask}, {args.max_steps} steps of "
+            f"{args.per_device_train_batch_size // max(args.num_generations, 1)} prompts x {args.num_generations}, "
+            f"lr {args.learning_rate:g}, output_dir {args.output_dir}")
 
 
 def check_args(script_args: ScriptArguments, training_args: CAPOConfig, model_args) -> None:
     """Cross-field checks that need no model, dataset or network (a recipe fails here, not an hour in)."""
+    if script_args.datasets:
+        raise UsageError("datasets (TRL's dataset mixtures) is not supported by capo-trl train: its loaders, "
+                         "column mapping and checks take one dataset. Build the mixture yourself (datasets."
+                         "concatenate_datasets / interleave_datasets), save it as a .jsonl or .parquet file and "
+                         "give it as dataset_name.")
+    if script_args.dataset_streaming:
+        raise UsageError("dataset_streaming is not supported by capo-trl train: it needs the rows in memory (the "
+                         "size and prompt-length checks, max_prompt_length, dataset_limit). Use dataset_limit N to "
+                         "train on the first N rows, or save the part you need as a local .jsonl/.parquet file.")
+    if not script_args.reward_funcs and not script_args.reward_model_name_or_path:
+        raise UsageError("no reward: give reward_funcs (e.g. math_accuracy) or reward_model_name_or_path.")
     funcs = [resolve_reward(name) for name in script_args.reward_funcs]
+    n = len(funcs) + bool(script_args.reward_model_name_or_path)
     weights = training_args.reward_weights
-    if weights is not None and len(weights) != len(funcs):
-        raise ValueError(f"reward_weights has {len(weights)} entries for {len(funcs)} reward_funcs "
+    if weights is not None and len(weights) != n:
+        model = " (the reward model first)" if script_args.reward_model_name_or_path else ""
+        raise ValueError(f"reward_weights has {len(weights)} entries for {n} reward functions{model} "
                          f"{script_args.reward_funcs}; give one weight per function.")
     if (model_args.load_in_4bit or model_args.load_in_8bit) and not model_args.use_peft:
         raise ValueError("load_in_4bit/load_in_8bit train only adapters: add use_peft: true (LoRA).")
@@ -209,6 +254,9 @@ def check_args(script_args: ScriptArguments, training_args: CAPOConfig, model_ar
         if script_args.dataset_train_split is not None:
             raise UsageError(f"dataset_train_split does not apply to a local file ({name}): give each split its own "
                              "file.")
+    if model_args.model_name_or_path is None and name is not None and data.registry_key(name) != "arithmetic":
+        raise UsageError(f"dataset_name {name} without model_name_or_path: the embedded tiny model only does the "
+                         "arithmetic task; give --model_name_or_path MODEL to train on this dataset.")
 
 
 def preflight(script_args: ScriptArguments, training_args: CAPOConfig, model_args) -> None:
@@ -224,6 +272,8 @@ def preflight(script_args: ScriptArguments, training_args: CAPOConfig, model_arg
                          "a registry name or a hub dataset id.")
     if model_args.model_name_or_path is not None:
         check_model_path(model_args.model_name_or_path, "model_name_or_path")
+    if script_args.reward_model_name_or_path is not None:
+        check_model_path(script_args.reward_model_name_or_path, "reward_model_name_or_path")
     out = Path(training_args.output_dir)
     resume = _resume_target(training_args.resume_from_checkpoint)
     if resume is True and (not out.is_dir() or get_last_checkpoint(str(out)) is None):
@@ -235,28 +285,6 @@ def preflight(script_args: ScriptArguments, training_args: CAPOConfig, model_arg
     if resume is None and not script_args.overwrite_output_dir:
         check_output_dir(out, overwrite=False, flag="--overwrite_output_dir true (or resume it with "
                                                      "--resume_from_checkpoint last)")
-
-
-# ------------------------------------------------------------------------------------------ rewards
-def resolve_reward(spec: str) -> Callable:
-    """A reward function from a short name or a dotted path ('pkg.mod:func' or 'pkg.mod.func')."""
-    target = REWARDS.get(spec) or REWARDS.get(spec.removesuffix("_reward")) or spec
-    if ":" in target:
-        module_name, attr = target.split(":", 1)
-    elif "." in target:
-        module_name, attr = target.rsplit(".", 1)
-    else:
-        raise ValueError(f"Unknown reward function {spec!r}: use one of {sorted(REWARDS)} or a dotted path "
-                         "such as 'my_package.rewards:my_reward'.")
-    if os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())  # so a reward module next to the recipe imports without installing it
-    try:
-        func = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as err:
-        raise ValueError(f"Cannot load reward function {spec!r}: {type(err).__name__}: {err}") from err
-    if not callable(func):
-        raise ValueError(f"Reward function {spec!r} resolves to a {type(func).__name__}, which is not callable.")
-    return func
 
 
 # ------------------------------------------------------------------------------------------ data
@@ -273,7 +301,7 @@ def load_problems(script_args: ScriptArguments, split: str | None, limit: int | 
                                    columns=script_args.columns(), template=script_args.prompt_template)
     if kind == "local":
         return data.load_benchmark(name, split=None, limit=limit, columns=script_args.columns(),
-                                   template=script_args.prompt_template)
+                                   template=script_args.prompt_template, keep_columns=True)
     import datasets
 
     try:
@@ -282,9 +310,15 @@ def load_problems(script_args: ScriptArguments, split: str | None, limit: int | 
         offline = " (HF_HUB_OFFLINE is set)" if datasets.config.HF_HUB_OFFLINE else ""
         raise UsageError(f"dataset_name {name!r}: cannot load it as a hub dataset{offline}: {type(err).__name__}: "
                          f"{str(err).splitlines()[0] if str(err) else ''}. Give a registry name or a local file.") from err
+    source = f"{name!r} (hub dataset, split {split or 'train'!r})"
+    if data.uses_prompt_column(ds, script_args.columns()):  # TRL's format: used as is
+        return data.trl_format(ds, script_args.columns(), limit=limit, source=source,
+                               template=script_args.prompt_template)
     mapping = {"problem": "problem", "answer": "answer", "id": None, **(script_args.columns() or {})}
+    if "answer" not in ds.column_names and not (script_args.columns() or {}).get("answer"):
+        mapping["answer"] = None  # no gold: fine for reward functions that need none (check_reward_columns)
     return data.normalise(ds, mapping, script_args.prompt_template or data.DEFAULT_TEMPLATE, name=name,
-                          source=f"{name!r} (hub dataset, split {split or 'train'!r})", limit=limit,
+                          source=source, limit=limit, keep_columns=True,
                           hint=" In a recipe or on the command line: dataset_columns ROLE=NAME, e.g. problem=question.")
 
 
@@ -332,8 +366,12 @@ def build_trainer(script_args: ScriptArguments, training_args: CAPOConfig, model
             if len(train) < before:
                 print(f"capo-trl train: dropped {before - len(train)} of {before} problems longer than "
                       f"{script_args.max_prompt_length} prompt tokens", file=sys.stderr)
+    funcs = [resolve_reward(n) for n in script_args.reward_funcs]
+    check_reward_columns(train, script_args, funcs)
+    if script_args.reward_model_name_or_path:  # TRL loads a model id given among the reward functions
+        funcs.insert(0, script_args.reward_model_name_or_path)
     return CAPOTrainer(
-        model=model, reward_funcs=[resolve_reward(n) for n in script_args.reward_funcs], args=training_args,
+        model=model, reward_funcs=funcs, args=training_args,
         train_dataset=train, eval_dataset=evaluate, peft_config=get_peft_config(model_args),
         quantization_config=quantization_config,
     )
@@ -400,7 +438,7 @@ def run_and_end(script_args: ScriptArguments, training_args: CAPOConfig, model_a
     accelerator.end_training()
 
 
-__all__ = ["ScriptArguments", "make_parser", "parse_args", "check_args", "preflight", "resolve_reward", "load_problems",
+__all__ = ["ScriptArguments", "make_parser", "parse_args", "check_args", "preflight", "load_problems",
            "build_trainer", "run", "run_and_end", "main"]
 
 
