@@ -200,3 +200,11 @@ def test_calibrate_mask_updates_only_the_lines_of_its_keys(monkeypatch, capsys, 
     created = tmp_path / "new.yaml"
     assert main(["calibrate-mask", "--write_config", str(created)]) == 0
     assert yaml.safe_load(created.read_text())["tau"] == 0.25
+
+
+def test_calibrate_mask_takes_a_device_checked_before_sampling(capsys):
+    from capo_trl.cli import main
+
+    assert main(["calibrate-mask", "--device", "cuda:7", "--limit", "2", "--n", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("capo-trl calibrate-mask: --device cuda:7") and "\n" not in err

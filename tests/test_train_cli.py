@@ -542,3 +542,14 @@ def test_an_earlier_run_is_never_replaced_silently(tiny_model_dir, problems_file
     assert not (out / "checkpoint-2").exists() and (out / "model.safetensors").read_bytes() != weights
     with pytest.raises(ValueError, match="looks like a working directory"):
         capo_train._clear_output_dir(str(HERE.parent))
+
+
+def test_calibration_callback_from_the_cli(tiny_model_dir, problems_file, tmp_path):
+    out = tmp_path / "cal"
+    trainer = capo_train.main(job(tiny_model_dir, problems_file, out, "--max_steps", "2", "--save_strategy", "no",
+                                  "--calibration_dataset", problems_file, "--calibration_every", "1",
+                                  "--calibration_samples", "2", "--calibration_limit", "4"))
+    rows = [row for row in trainer.state.log_history if "val/auroc" in row]
+    assert [row["step"] for row in rows] == [0, 1, 2]  # at the start, then every step
+    with pytest.raises(ValueError, match="calibration_every must be an integer >= 1"):
+        capo_train.parse_args(["--calibration_every", "0"])

@@ -277,6 +277,7 @@ def add_calibrate_mask_parser(subparsers) -> None:
     p.add_argument("--n", type=int, default=8, help="samples per prompt (the group size you train with; >= 2)")
     p.add_argument("--max_new_tokens", type=int, default=None, help="default: 48 for arithmetic, else 1024")
     p.add_argument("--template", default=None, choices=_TEMPLATES, help=_TEMPLATE_HELP)
+    p.add_argument("--device", default=None, help="e.g. cuda, cuda:1, cpu (default: cuda if available)")
     p.add_argument("--write_config", default=None, metavar="YAML",
                    help="set tau, tau_mode, ref_high, ref_low and ref_thresholds in this YAML recipe (created if "
                         "missing; only those lines change, comments are kept)")
@@ -294,6 +295,7 @@ def run_calibrate_mask(args) -> int:
     if args.n == 1:
         raise UsageError("--n 1 gives no within-group spread, tau cannot be measured: use --n >= 2 (the group size "
                          "you train with).")
+    _check_device(args.device)
     if args.model is not None:
         check_model_path(args.model, "--model")
     path = Path(args.write_config) if args.write_config else None
@@ -310,7 +312,7 @@ def run_calibrate_mask(args) -> int:
                                   template=args.template)
     max_new = args.max_new_tokens or (48 if embedded_task else 1024)
     report = harness.calibrate_mask(args.model or arithmetic.embedded_model_path(), None, problems, n=args.n,
-                                    max_new_tokens=max_new)
+                                    max_new_tokens=max_new, device=args.device)
     for key, value in report.items():
         print(f"{key:>22}: {value}")
     reasons = harness.unmeasured(report)

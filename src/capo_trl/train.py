@@ -88,6 +88,17 @@ class ScriptArguments:
         metadata={"help": "Delete what output_dir holds before training. Without it, a non-empty output_dir is "
                   "refused (unless resume_from_checkpoint is given), so an earlier run is never replaced silently."},
     )
+    calibration_dataset: str | None = field(
+        default=None,
+        metadata={"help": "Monitor calibration during training (capo_trl.CalibrationCallback: validation accuracy, "
+                  "AUROC and ECE logged as val/*): a split of dataset_name (e.g. validation) or a local file. "
+                  "Default: off."},
+    )
+    calibration_every: int = field(default=50, metadata={"help": "CalibrationCallback: every N optimizer steps."})
+    calibration_samples: int = field(default=8, metadata={"help": "CalibrationCallback: samples per problem."})
+    calibration_limit: int | None = field(
+        default=64, metadata={"help": "CalibrationCallback: the first N problems of calibration_dataset."},
+    )
     reward_funcs: list[str] = field(
         default_factory=lambda: ["math_accuracy"],
         metadata={"help": "Reward functions: 'math_accuracy', 'boxed_format', a function of trl.rewards by name "
@@ -116,6 +127,10 @@ class ScriptArguments:
             self.reward_funcs = [self.reward_funcs]
         self.reward_funcs = list(self.reward_funcs or [])  # `trl grpo`'s default is None
         self.columns()  # validate early
+        for name in ("calibration_every", "calibration_samples", "calibration_limit"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
 
     def columns(self) -> dict[str, str] | None:
         """``dataset_columns`` as ``{role: column}``."""
@@ -127,7 +142,11 @@ def make_parser(prog: str = "capo-trl train"):
     """TRL's parser over (ScriptArguments, CAPOConfig, ModelConfig): every field is a flag and a YAML key."""
     from trl import ModelConfig, TrlParser
 
-    return TrlParser(
+    class Parser(TrlParser):
+        def error(self, message):  # argparse prints ~250 lines of usage first: one line is enough
+            raise UsageError(f"{message} (see `{prog} --help`).")
+
+    return Parser(
         (ScriptArguments, CAPOConfig, ModelConfig), prog=prog,
         description="Train CAPOTrainer. --config RECIPE.yaml reads a YAML mapping of any of the fields below "
                     "(examples/recipes/); flags override it. Without a model: the embedded default (CPU, minutes).",
@@ -366,15 +385,35 @@ def build_trainer(script_args: ScriptArguments, training_args: CAPOConfig, model
             if len(train) < before:
                 print(f"capo-trl train: dropped {before - len(train)} of {before} problems longer than "
                       f"{script_args.max_prompt_length} prompt tokens", file=sys.stderr)
+        monitor = _calibration_monitor(script_args)
     funcs = [resolve_reward(n) for n in script_args.reward_funcs]
     check_reward_columns(train, script_args, funcs)
     if script_args.reward_model_name_or_path:  # TRL loads a model id given among the reward functions
         funcs.insert(0, script_args.reward_model_name_or_path)
-    return CAPOTrainer(
+    trainer = CAPOTrainer(
         model=model, reward_funcs=funcs, args=training_args,
         train_dataset=train, eval_dataset=evaluate, peft_config=get_peft_config(model_args),
         quantization_config=quantization_config,
     )
+    if monitor is not None:
+        trainer.add_callback(monitor.bind(trainer))
+    return trainer
+
+
+def _calibration_monitor(script_args: ScriptArguments):
+    """The CalibrationCallback asked for with ``calibration_dataset`` (a split or a local file), or None."""
+    name = script_args.calibration_dataset
+    if name is None:
+        return None
+    from .callbacks import CalibrationCallback
+
+    if Path(name).suffix.lower() in data.LOCAL_SUFFIXES:
+        problems = data.load_benchmark(name, limit=script_args.calibration_limit, columns=script_args.columns(),
+                                       template=script_args.prompt_template)
+    else:
+        problems = load_problems(script_args, name, script_args.calibration_limit)
+    return CalibrationCallback(problems, every_n_steps=script_args.calibration_every,
+                               n=script_args.calibration_samples)
 
 
 def _resume_target(value):
