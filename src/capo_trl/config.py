@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from .methods import BUILTIN, resolve_method
+from .methods.base import check_fields
 
 THRESHOLD_MODES = ("fixed", "auto")
 # Each built-in method's fields, mixed in (later methods' fields come first in the MRO, so last in --help).
@@ -142,25 +143,18 @@ class CAPOConfig(*_METHOD_ARGS, GRPOConfig):
         method = resolve_method(self.advantage_estimator)
         for builtin in BUILTIN:  # their fields exist on every config: a bad value is an error whichever runs
             builtin.bind_args(self)
-        self._validate_capo_fields()
+        self._validate_capo_fields(method)
         if self.noise_mask is None:
             self.noise_mask = method.default_noise_mask
         super().__post_init__()
         method(self)  # the selected method's own constraints on other fields (loss_type, beta, ...)
 
-    def _validate_capo_fields(self) -> None:
+    def _validate_capo_fields(self, method) -> None:
         def bad(name, allowed):
             return ValueError(f"CAPOConfig.{name}={getattr(self, name)!r} is invalid; {allowed}.")
 
-        if self.ref_thresholds not in THRESHOLD_MODES:
-            raise bad("ref_thresholds", f"choose one of {THRESHOLD_MODES}")
-        steps = self.ref_calibration_steps
-        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-            raise bad("ref_calibration_steps", "it must be an integer >= 1")
-        for name in ("ref_high", "ref_low"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-                raise bad(name, "it must be a finite number > 0")
+        check_fields(self, "CAPOConfig.", positive=("ref_high", "ref_low"), count=("ref_calibration_steps",),
+                     flags=("noise_mask_guard",), choices={"ref_thresholds": THRESHOLD_MODES})
         if self.ref_low < 1.0 or self.ref_high < 1.0:
             raise ValueError(
                 f"CAPOConfig.ref_high={self.ref_high} / ref_low={self.ref_low} are perplexities, which are >= 1; "
@@ -168,12 +162,9 @@ class CAPOConfig(*_METHOD_ARGS, GRPOConfig):
             )
         if not isinstance(self.correct_threshold, (int, float)) or not math.isfinite(self.correct_threshold):
             raise bad("correct_threshold", "it must be a finite number")
-        if self.noise_mask_guard not in (True, False):
-            raise bad("noise_mask_guard", "use true or false")
         if self.noise_mask not in (None, True, False):
             raise bad("noise_mask", "use true, false, or leave it unset")
-        mask_on = self.noise_mask if self.noise_mask is not None else resolve_method(
-            self.advantage_estimator).default_noise_mask
+        mask_on = self.noise_mask if self.noise_mask is not None else method.default_noise_mask
         if mask_on and getattr(self, "sync_ref_model", False):
             raise ValueError(
                 "CAPOConfig.sync_ref_model=True moves the reference model during training, but the noise mask "

@@ -23,7 +23,6 @@ class NoiseMask:
         self.samples: list[tuple[torch.Tensor, torch.Tensor]] = []  # (rewards, ref_ppl) of measurement batches
         self.measured: tuple[float, float] | None = None
         self.warned: set[str] = set()
-        self.guarded = 0.0  # fraction of the last batch the guard kept in the loss
 
     def thresholds(self, rewards: torch.Tensor, ref_ppl: torch.Tensor, training: bool) -> tuple[float, float] | None:
         """(ref_high, ref_low): as configured, or measured by the quartile rule on the first training batches."""
@@ -46,8 +45,10 @@ class NoiseMask:
                 "ref_high/ref_low with ref_thresholds='fixed' to mask from the start."))
         return self.measured  # None: still measuring (or a class never appeared yet), no mask
 
-    def __call__(self, rewards: torch.Tensor, ref_ppl: torch.Tensor, training: bool) -> torch.Tensor | None:
-        """The keep mask of a global batch (True = stays in the loss), or None when there are no thresholds.
+    def __call__(self, rewards: torch.Tensor, ref_ppl: torch.Tensor,
+                 training: bool) -> tuple[torch.Tensor | None, float]:
+        """(keep mask of a global batch, True = stays in the loss; fraction of the batch the guard kept).
+        The mask is None when there are no thresholds yet.
 
         With ``noise_mask_guard`` (the default), a class (correct or wrong answers) the thresholds would
         drop entirely is kept in this batch instead: a whole class vanishing is a threshold that does not
@@ -56,17 +57,17 @@ class NoiseMask:
         """
         thresholds = self.thresholds(rewards, ref_ppl, training)
         if thresholds is None:
-            return None
+            return None, 0.0
         keep = noise_mask(rewards, ref_ppl, *thresholds, self.config.correct_threshold)
         correct = rewards >= self.config.correct_threshold
         wrong = rewards < self.config.correct_threshold
-        self.guarded = 0.0
+        guarded = 0.0
         for name, members, bound in (("correct", correct, "ref_high"), ("wrong", wrong, "ref_low")):
             if members.any() and not (keep & members).any():
                 guard = self.config.noise_mask_guard
                 if guard:
                     keep = keep | members
-                    self.guarded += members.float().mean().item()
+                    guarded += members.float().mean().item()
                 ppl = ref_ppl[members & torch.isfinite(ref_ppl)]
                 span = f"{ppl.min().item():.3g}..{ppl.max().item():.3g}" if ppl.numel() else "n/a"
                 outcome = ("kept them in this batch (noise_mask_guard; counted in capo/mask_guard_kept)" if guard
@@ -77,7 +78,7 @@ class NoiseMask:
                     f"ref_low={thresholds[1]:.4g}): the thresholds do not fit this model, so the mask {outcome}. "
                     f"Measure thresholds for your model (`capo-trl calibrate-mask`, or ref_thresholds='auto'), set "
                     f"{bound} accordingly, or disable the mask with noise_mask=False."))
-        return keep
+        return keep, guarded
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self.warned:

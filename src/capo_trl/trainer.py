@@ -28,7 +28,7 @@ from accelerate.utils import gather_object, is_peft_model
 from packaging.version import Version
 from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
-from trl.trainer.utils import get_config_model_id, use_adapter
+from trl.trainer.utils import get_config_model_id, pad, use_adapter
 
 from .advantages import mean_token_logprob, within_group_std
 from .checkpoint import CheckpointedState
@@ -206,9 +206,9 @@ class CAPOTrainer(CheckpointedState, MethodLosses, GRPOTrainer):
 
         if self._mask is not None:
             record.ref_ppl = self.accelerator.gather(torch.exp(-self._reference_scores(out, loss_mask, record)))
-            record.keep = self._mask(rewards, record.ref_ppl, training=mode == "train")
+            record.keep, guarded = self._mask(rewards, record.ref_ppl, training=mode == "train")
             if record.keep is not None:
-                self._metrics[mode]["capo/mask_guard_kept"].append(self._mask.guarded)
+                self._metrics[mode]["capo/mask_guard_kept"].append(guarded)
             if args.ref_thresholds == "auto" and self._mask.measured is not None:
                 for name, value in zip(("capo/ref_high", "capo/ref_low"), self._mask.measured):
                     self._metrics[mode][name].append(value)
@@ -253,12 +253,8 @@ class CAPOTrainer(CheckpointedState, MethodLosses, GRPOTrainer):
 
         def score(prompts):  # these completions after other prompts: one no-grad forward of the policy
             ids = [torch.tensor(p) for p in self._tokenize_prompts(prompts)[0]]
-            width = max(len(p) for p in ids)
-            pad = self.processing_class.pad_token_id if hasattr(self.processing_class, "pad_token_id") else 0
-            prompt_ids = torch.full((len(ids), width), pad if pad is not None else 0, dtype=torch.long)
-            prompt_mask = torch.zeros(len(ids), width, dtype=torch.long)
-            for i, p in enumerate(ids):  # left padding, as TRL pads prompts
-                prompt_ids[i, width - len(p):], prompt_mask[i, width - len(p):] = p, 1
+            prompt_ids = pad(ids, padding_value=self._tokenizer.pad_token_id or 0, padding_side="left")  # as TRL
+            prompt_mask = pad([torch.ones_like(p) for p in ids], padding_value=0, padding_side="left")
             device = out["completion_ids"].device
             return self._forward_logps(self.model, {"prompt_ids": prompt_ids.to(device),
                                                     "prompt_mask": prompt_mask.to(device),
