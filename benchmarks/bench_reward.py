@@ -2,20 +2,26 @@
 
     HF_HUB_OFFLINE=1 python benchmarks/bench_reward.py [--shared ../shared/benchmarks] [--per-file 500]
 
-Synthetic completions are built from the benchmark gold answers, each with the label a careful
-grader should give: correct (boxed gold), equivalent rewrites (another notation), anchored but
-unboxed, wrong, and pathological inputs that hang math-verify. TRL's reward runs in a guarded
-subprocess, one item at a time with a wall-clock limit, so its hangs cannot stop this script:
-an item over the limit is counted as a hang, the subprocess is killed and restarted.
-Throughput is measured on the non-pathological items (ours: batch calls of ``--batch`` items, as
-in a GRPO step; TRL: its in-process compute time only, which flatters TRL).
+Two workloads from the benchmark gold answers (``tests/reward_workloads.py``), each item with the
+label a careful grader should give:
+
+- mixed: every kind once per gold (correct, equivalent rewrite, anchored but unboxed, wrong,
+  corrected first guess), plus pathological inputs that hang math-verify;
+- GRPO-shaped: groups of 8 completions per MATH500 / MATH-train problem, about half the verbatim
+  gold, a tenth another notation, the rest two wrong answers repeating within the group, a few
+  hundred characters of reasoning before the box; graded in steps of 64, two epochs.
+
+TRL's reward runs in a guarded subprocess, one item at a time with a wall-clock limit, so its
+hangs cannot stop this script: an item over the limit is counted as a hang, the subprocess is
+killed and restarted. Ours and TRL alternate chunk by chunk so both see the same machine load;
+throughput is on the non-pathological items (ours: whole calls, IPC included; TRL: its in-process
+compute time only, which flatters TRL). Every label of ours is also checked against our full
+path (``fast_path=False``: every completion through math-verify in a worker).
 """
 
 import argparse
 import json
 import os
-import random
-import re
 import select
 import statistics
 import subprocess
@@ -24,14 +30,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-FILES = ["math500", "aime24", "amc23", "minerva", "olympiadbench"]
-PATHOLOGICAL = [
-    r"So the answer is \boxed{9^{9^{9^{9}}}}",
-    r"\boxed{(10^{7})!}",
-    "\\boxed{" + "\\frac{1}{" * 2500 + "2" + "}" * 2500 + "}",
-    "\\[" * 10000,
-    r"\boxed{\dfrac{5^{\left(5^{\left(5^{\left(5^5\right)}\right)} - 4\right)} - 5}{16}}",
-]
+sys.path.insert(0, str(HERE.parent / "tests"))
+from reward_workloads import grpo_workload, mixed_workload  # noqa: E402
 
 TRL_WORKER = r"""
 import json, logging, sys, time
@@ -87,98 +87,115 @@ class GuardedTRL:
             self.proc.wait()
 
 
-def _rewrites(gold):
-    """(completion, label) pairs that a correct grader scores 1.0 although the text differs."""
-    g = gold.strip()
-    out = []
-    if re.fullmatch(r"-?\d+", g):
-        n = int(g)
-        out += [(rf"\boxed{{\frac{{{2 * n}}}{{2}}}}", 1.0), (rf"\boxed{{{n}.0}}", 1.0)]
-    m = re.fullmatch(r"(-?)\\[dt]?frac\{(\d+)\}\{(\d+)\}", g)
-    if m:
-        out += [(rf"\boxed{{{m[1]}{m[2]}/{m[3]}}}", 1.0), (rf"\boxed{{{m[1]}\dfrac{{{m[2]}}}{{{m[3]}}}}}", 1.0)]
-        if len(m[2]) == 1 and len(m[3]) == 1:
-            out.append((rf"\boxed{{{m[1]}\frac{m[2]}{m[3]}}}", 1.0))  # \frac12: valid TeX
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*[eE]\s*([+-]?\d+)", g)
-    if m:
-        out.append((rf"\boxed{{{m[1]} \times 10^{{{int(m[2])}}}}}", 1.0))
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*\\times\s*10\^\{?(-?\d+)\}?", g)
-    if m:
-        out.append((rf"\boxed{{{m[1]}e{m[2]}}}", 1.0))
-    m = re.fullmatch(r"(\d*)\\sqrt\{(\d+)\}", g)
-    if m:
-        out.append((rf"\boxed{{{m[1]}\sqrt {m[2]}}}" if len(m[2]) == 1 else rf"\boxed{{{m[1]} \sqrt{{{m[2]}}}}}", 1.0))
-    return out
-
-
-def _wrong(gold):
-    g = gold.strip()
-    if re.fullmatch(r"-?\d+", g):
-        return rf"\boxed{{{int(g) + 1}}}"
-    if re.fullmatch(r"-?\d+\.\d+", g):
-        return rf"\boxed{{{float(g) * 1.5:g}}}"
-    return rf"\boxed{{{g} + 1}}" if len(g) < 40 else r"\boxed{0}"
-
-
-def build(shared: Path, per_file: int, seed: int = 0):
-    rng = random.Random(seed)
-    items = []  # (completion, gold, label, kind)
-    for name in FILES:
-        rows = [json.loads(line) for line in (shared / f"{name}.jsonl").open()][:per_file]
-        for r in rows:
-            g = r["answer"]
-            items.append((f"Let me compute.\nThe answer is $\\boxed{{{g}}}$.", g, 1.0, "correct"))
-            items.append((f"So the final answer is ${g}$", g, 1.0, "unboxed, anchored"))
-            items.append((f"We find {_wrong(g)}.", g, 0.0, "wrong"))
-            items.append((f"First guess \\boxed{{{g}}}. Wait, that is off. Final: {_wrong(g)}", g, 0.0, "wrong"))
-            for c, label in _rewrites(g):
-                items.append((f"Hence {c}", g, label, "equivalent rewrite"))
-    rng.shuffle(items)
-    patho = [(c, "3", 0.0, "pathological") for c in PATHOLOGICAL]
-    return items, patho
-
-
 def pct(xs, q):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--shared", type=Path, default=HERE.parents[1] / "shared" / "benchmarks")
-    ap.add_argument("--per-file", type=int, default=10**9)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--timeout", type=int, default=5)
-    ap.add_argument("--workers", type=int, default=None, help="our worker processes (default: CPUs)")
-    ap.add_argument("--trl-limit", type=float, default=20.0, help="seconds before a TRL item counts as hung")
-    ap.add_argument("--skip-trl", action="store_true")
-    args = ap.parse_args()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from capo_trl.rewards import MathReward
-
-    items, patho = build(args.shared, args.per_file)
-    kinds = sorted({k for *_, k in items + patho})
-    print(f"{len(items)} normal + {len(patho)} pathological completions; cpus={os.cpu_count()}")
-
-    # ---- ours and TRL, interleaved chunk by chunk so both see the same machine load ------------
-    ours = MathReward(timeout=args.timeout, workers=args.workers)
-    ours.grade([r"\boxed{1}"], ["1"])  # start the pool (not timed)
-    trl = GuardedTRL(args.trl_limit)
-    our_scores, batch_lat, trl_scores, trl_dt = [], [], [], []
-    for i in range(0, len(items), args.batch):
-        chunk = items[i : i + args.batch]
+def run_side_by_side(items, ours, trl, batch):
+    """Ours in calls of ``batch`` items and TRL item by item, alternating; (our scores, call seconds,
+    TRL scores, TRL compute seconds per item)."""
+    our_scores, lat, trl_scores, trl_dt = [], [], [], []
+    for i in range(0, len(items), batch):
+        chunk = items[i : i + batch]
         tb = time.perf_counter()
         our_scores += ours(completions=[c for c, *_ in chunk], answer=[g for _, g, *_ in chunk])
-        batch_lat.append(time.perf_counter() - tb)
-        if not args.skip_trl:
+        lat.append(time.perf_counter() - tb)
+        if trl is not None:
             for c, g, *_ in chunk:
                 r, dt, _, hung = trl.grade(c, g)
                 trl_scores.append(r)
                 if not hung:
                     trl_dt.append(dt)
+    return our_scores, lat, trl_scores, trl_dt
+
+
+def agreement_table(items, ours, trl_scores):
+    kinds = sorted({k for *_, k in items})
+    print(f"{'kind':22s} {'n':>5s} {'ours ok':>8s} {'TRL ok':>8s}")
+    for k in kinds:
+        idx = [i for i, it in enumerate(items) if it[3] == k]
+        o = sum(ours[i] == items[i][2] for i in idx)
+        t = sum(trl_scores[i] == items[i][2] for i in idx) if trl_scores else 0
+        print(f"{k:22s} {len(idx):5d} {o:8d} {t:8d}")
+
+
+def identical_to_full_path(name, items, ours_scores, args):
+    """Every label of ours against the full path (no shortcut, no dedup, no cache)."""
+    from capo_trl.rewards import MathReward
+
+    with MathReward(timeout=args.timeout, workers=args.workers, fast_path=False) as full:
+        tb = time.perf_counter()
+        ref = []
+        for i in range(0, len(items), args.batch):
+            chunk = items[i : i + args.batch]
+            ref += full.grade([c for c, *_ in chunk], [g for _, g, *_ in chunk])
+        dt = time.perf_counter() - tb
+    diff = [(items[i][0][-80:], items[i][1], ours_scores[i], ref[i]) for i in range(len(items)) if ours_scores[i] != ref[i]]
+    print(f"{name}: labels identical to the full path on {len(items) - len(diff)}/{len(items)} items "
+          f"(full path {len(items) / dt:.1f} items/s)")
+    for d in diff[:10]:
+        print("   DIFFERS", d)
+    return len(diff)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shared", type=Path, default=HERE.parents[1] / "shared" / "benchmarks")
+    ap.add_argument("--per-file", type=int, default=None, help="mixed workload: golds per benchmark file")
+    ap.add_argument("--problems", type=int, default=512, help="GRPO workload: problems per epoch")
+    ap.add_argument("--epochs", type=int, default=2, help="GRPO workload: passes over the problems")
+    ap.add_argument("--batch", type=int, default=64, help="items per call (a GRPO step: 8 prompts x 8)")
+    ap.add_argument("--timeout", type=int, default=5)
+    ap.add_argument("--workers", type=int, default=None, help="our worker processes (default: CPUs)")
+    ap.add_argument("--trl-limit", type=float, default=20.0, help="seconds before a TRL item counts as hung")
+    ap.add_argument("--skip-trl", action="store_true")
+    ap.add_argument("--skip-mixed", action="store_true")
+    ap.add_argument("--skip-full", action="store_true", help="skip the label check against the full path")
+    args = ap.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from capo_trl.rewards import MathReward
+
+    print(f"cpus={os.cpu_count()}, batch {args.batch}, timeout {args.timeout} s")
+    trl = None if args.skip_trl else GuardedTRL(args.trl_limit)
+    ratios, differ = {}, 0
+
+    # ---- GRPO-shaped ---------------------------------------------------------------------------
+    grpo = grpo_workload(args.shared, args.problems, epochs=args.epochs)
+    per_epoch = len(grpo) // args.epochs
+    print(f"\n== GRPO-shaped: {args.problems} problems x 8 completions x {args.epochs} epochs = {len(grpo)} items")
+    with MathReward(timeout=args.timeout, workers=args.workers) as ours:
+        ours.grade([r"\boxed{x+1}"], ["1+x"])  # start the pool (not timed: a worker must grade it)
+        scores, lat, trl_scores, trl_dt = run_side_by_side(grpo, ours, trl, args.batch)
+        stats = ours.stats
+    steps = per_epoch // args.batch
+    agreement_table(grpo, scores, trl_scores)
+    tp = len(grpo) / sum(lat)
+    ep = [per_epoch / sum(lat[e * steps : (e + 1) * steps]) for e in range(args.epochs)]
+    print(f"ours: {tp:7.1f} items/s ({', '.join(f'epoch {e + 1}: {v:.1f}' for e, v in enumerate(ep))}); "
+          f"step latency p50 {pct(lat, .5) * 1e3:.0f} ms p99 {pct(lat, .99) * 1e3:.0f} ms")
+    print(f"      settled by shortcut {stats['fast_path']}, cache {stats['cached']}, shared within a call "
+          f"{stats['deduplicated']}; {stats['worker_tasks']} worker round trips for {stats['graded']} items")
+    if trl_dt:
+        trl_tp = len(trl_dt) / sum(trl_dt)
+        ratios["GRPO-shaped"] = tp / trl_tp
+        ratios["GRPO-shaped, first epoch only"] = ep[0] / trl_tp
+        print(f"TRL : {trl_tp:7.1f} items/s (compute time only); hangs: {trl.hangs}")
+        print(f"throughput ratio ours/TRL (GRPO-shaped): {tp / trl_tp:.2f}  (first epoch alone: {ep[0] / trl_tp:.2f})")
+    if not args.skip_full:
+        differ += identical_to_full_path("GRPO-shaped", grpo, scores, args)
+
+    if args.skip_mixed:
+        return summary(ratios, differ, trl)
+
+    # ---- mixed ---------------------------------------------------------------------------------
+    items, patho = mixed_workload(args.shared, args.per_file)
+    print(f"\n== mixed: {len(items)} normal + {len(patho)} pathological completions")
+    ours = MathReward(timeout=args.timeout, workers=args.workers)
+    ours.grade([r"\boxed{x+1}"], ["1+x"])
+    our_scores, batch_lat, trl_scores, trl_dt = run_side_by_side(items, ours, trl, args.batch)
     our_time = sum(batch_lat)
-    # per-item latency, one item per call (includes the round trip to the worker)
-    item_lat = []
+    item_lat = []  # per-item latency, one item per call (includes the round trip to the worker)
     for c, g, *_ in items[:300]:
         tb = time.perf_counter()
         ours.grade([c], [g])
@@ -195,50 +212,45 @@ def main():
     mixed_ok = mixed_out[:200] == our_scores[:200]
     stats = ours.stats
     ours.close()
-
     trl_patho, trl_patho_wall = [], []
-    if not args.skip_trl:
+    if trl is not None:
         for c, g, *_ in patho:
             r, _, wall, hung = trl.grade(c, g)
             trl_patho.append("HANG" if hung else r)
             trl_patho_wall.append(wall)
-    trl.close()
-
-    # ---- report --------------------------------------------------------------------------------
-    def agree(scores, rows):
-        return sum(s == lab for s, (_, _, lab, _) in zip(scores, rows))
-
-    print(f"\n{'kind':22s} {'n':>5s} {'ours ok':>8s} {'TRL ok':>8s}")
-    for k in kinds:
-        idx = [i for i, it in enumerate(items) if it[3] == k]
-        if k == "pathological":
-            n, o, t = len(patho), agree(our_patho, patho), agree(trl_patho, patho)
-        else:
-            n, o = len(idx), sum(our_scores[i] == items[i][2] for i in idx)
-            t = sum(trl_scores[i] == items[i][2] for i in idx) if trl_scores else 0
-        print(f"{k:22s} {n:5d} {o:8d} {t:8d}")
-    total = len(items) + len(patho)
-    o_all = agree(our_scores, items) + agree(our_patho, patho)
-    t_all = (agree(trl_scores, items) + agree(trl_patho, patho)) if trl_scores else 0
-    print(f"{'all':22s} {total:5d} {o_all:8d} {t_all:8d}   (TRL None/unparseable gold: {trl_scores.count(None)})")
-
+    agreement_table(items, our_scores, trl_scores)
+    o = sum(s == lab for s, (_, _, lab, _) in zip(our_patho, patho))
+    t = sum(s == lab for s, (_, _, lab, _) in zip(trl_patho, patho))
+    print(f"{'pathological':22s} {len(patho):5d} {o:8d} {t:8d}")
     our_tp = len(items) / our_time
-    print(f"\nours: {our_tp:7.1f} items/s on {len(items)} normal items (batches of {args.batch}, "
-          f"{ours.workers} workers, incl. IPC); batch latency p50 {pct(batch_lat, .5)*1e3:.0f} ms "
-          f"p99 {pct(batch_lat, .99)*1e3:.0f} ms; single-item latency p50 {pct(item_lat, .5)*1e3:.1f} ms "
-          f"p99 {pct(item_lat, .99)*1e3:.1f} ms")  # fmt: skip
+    print(f"ours: {our_tp:7.1f} items/s on {len(items)} normal items (calls of {args.batch}, {ours.workers} "
+          f"workers, incl. IPC); call latency p50 {pct(batch_lat, .5)*1e3:.0f} ms p99 {pct(batch_lat, .99)*1e3:.0f} ms; "
+          f"single-item latency p50 {pct(item_lat, .5)*1e3:.1f} ms p99 {pct(item_lat, .99)*1e3:.1f} ms")  # fmt: skip
     if trl_dt:
         trl_tp = len(trl_dt) / sum(trl_dt)
+        ratios["mixed"] = our_tp / trl_tp
         print(f"TRL : {trl_tp:7.1f} items/s (one process, compute time only); item latency p50 "
-              f"{statistics.median(trl_dt)*1e3:.1f} ms p99 {pct(trl_dt, .99)*1e3:.1f} ms; "
-              f"hangs (> {args.trl_limit:.0f} s): {trl.hangs}")  # fmt: skip
-        print(f"throughput ratio ours/TRL: {our_tp / trl_tp:.2f}")
+              f"{statistics.median(trl_dt)*1e3:.1f} ms p99 {pct(trl_dt, .99)*1e3:.1f} ms; hangs (> {args.trl_limit:.0f} s): "
+              f"{trl.hangs}")  # fmt: skip
+        print(f"throughput ratio ours/TRL (mixed): {our_tp / trl_tp:.2f}")
     print(f"\npathological, one per call (timeout={args.timeout}s):")
     for c, s, lat, ts, tw in zip([p[0] for p in patho], our_patho, our_patho_lat,
                                  trl_patho or [None] * 5, trl_patho_wall or [float("nan")] * 5):  # fmt: skip
         print(f"  {c[:40]!r:44s} ours {s} in {lat:5.2f} s | TRL {ts} in {tw:5.2f} s")
-    print(f"mixed batch (200 normal + 5 pathological): {mixed_time:.2f} s, normal results unchanged: {mixed_ok}")
+    print(f"mixed call (200 normal + 5 pathological): {mixed_time:.2f} s, normal results unchanged: {mixed_ok}")
     print(f"our counters: {stats}")
+    if not args.skip_full:
+        differ += identical_to_full_path("mixed", items, our_scores, args)
+    summary(ratios, differ, trl)
+
+
+def summary(ratios, differ, trl):
+    if trl is not None:
+        trl.close()
+    print("\n== summary")
+    for name, r in ratios.items():
+        print(f"throughput ours/TRL, {name}: {r:.2f}x")
+    print(f"labels differing from the full path: {differ}")
 
 
 if __name__ == "__main__":

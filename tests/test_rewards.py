@@ -202,7 +202,7 @@ def test_equivalent_and_extract_are_deadline_protected(fast):
 
 def test_killed_worker_loses_no_result():
     """Both workers SIGKILLed mid-batch, at any point of pebble's hand-over (it used to hang 1 run in 8)."""
-    with MathReward(timeout=2, workers=2) as r:
+    with MathReward(timeout=2, workers=2, fast_path=False) as r:  # every item through the pool
         r.grade([r"\boxed{1}"], ["1"])  # start the pool
         before = set(r._worker_pids())
         n = 300
@@ -366,7 +366,7 @@ def test_rejects_bad_max_gold_chars(bad):
 
 def test_lost_tasks_are_detected_and_retried():
     """Frozen workers never acknowledge their tasks: pebble's own timeout never starts."""
-    with MathReward(timeout=1, workers=2) as r:
+    with MathReward(timeout=1, workers=2, fast_path=False) as r:
         r.grade([r"\boxed{1}"], ["1"])
         frozen = r._worker_pids()
         assert len(frozen) == 2
@@ -396,7 +396,7 @@ def test_hard_deadline_abandons_work_and_counts_it(fast, monkeypatch):
 
 def test_close_is_bounded_and_leaves_no_process():
     r = MathReward(timeout=1, workers=2)
-    r.grade([r"\boxed{1}"], ["1"])
+    r.grade([r"\boxed{x+1}"], ["1+x"])  # needs a worker (no shortcut decides it)
     pids = r._worker_pids()
     assert len(pids) == 2
     os.kill(pids[0], signal.SIGSTOP)  # a worker that ignores SIGTERM
@@ -409,7 +409,16 @@ def test_close_is_bounded_and_leaves_no_process():
             os.kill(pid, 0)
 
 
-def test_soak_random_worker_kills():
+def _soak_items(b: int, fast_path: bool):
+    if not fast_path:  # 4 completions of a new gold (one chunk, its probe) + 4 of a known gold
+        return [rf"\boxed{{{b}}}"] * 4 + [r"\boxed{7}"] * 4, [str(b)] * 4 + ["7"] * 4
+    # a new symbolic gold: shortcuts wait for its probe, two rewrites share one worker grading
+    return ([rf"\boxed{{x+{b}}}"] * 2 + [rf"\boxed{{{b}+x}}"] * 2 + [r"\boxed{2y}"] * 2 + [r"\boxed{y+y}"] * 2,
+            [f"x+{b}"] * 4 + ["2y"] * 4)
+
+
+@pytest.mark.parametrize("fast_path", [False, True])
+def test_soak_random_worker_kills(fast_path):
     """SIGKILL a random worker (busy or idle) at a random moment of 20% of 200 batches, from a
     background thread: no batch hangs, every result is right or 0.0, and every 0.0 is counted."""
     import queue
@@ -417,8 +426,8 @@ def test_soak_random_worker_kills():
 
     n_batches, kills, orders = 200, [0], queue.SimpleQueue()
     rng = random.Random(0)
-    with MathReward(timeout=1, workers=2) as r:
-        r.grade([r"\boxed{1}"], ["1"])
+    with MathReward(timeout=1, workers=2, fast_path=fast_path) as r:
+        r.grade([r"\boxed{x+1}"], ["1+x"])
         before = r.stats
 
         def killer():  # one order per batch: sleep that long, then kill one worker
@@ -439,8 +448,7 @@ def test_soak_random_worker_kills():
             for b in range(n_batches):
                 if rng.random() < 0.2:
                     orders.put(rng.uniform(0.0, 0.02))  # a batch takes ~10 ms: before, during or after it
-                # 4 completions of a new gold (a probe, then the 3 others) + 4 of a known gold
-                preds, golds = [rf"\boxed{{{b}}}"] * 4 + [r"\boxed{7}"] * 4, [str(b)] * 4 + ["7"] * 4
+                preds, golds = _soak_items(b, fast_path)
                 done, out, dt = _wait_for(lambda p=preds, g=golds: r.grade(p, g), r.batch_time_limit(8) + 5)
                 assert done, f"batch {b} hung"
                 assert dt <= r.batch_time_limit(8), dt

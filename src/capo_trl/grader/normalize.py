@@ -180,6 +180,11 @@ def _final_boxes(text: str) -> str:
     return text[spans[-1][0] :]
 
 
+def prepared_text(text: str) -> str:
+    """What math-verify is given for a completion: its final answer run, notations rewritten."""
+    return _normalize(_final_boxes(text))
+
+
 def _gold_latex(gold: str) -> str:
     """Bare dataset answer -> ``\\boxed{...}``: parsed raw, ``2\\sqrt{3}`` reads as 2 (trap 1)."""
     g = _unicode_math(gold.strip())  # first: full-width ``＄`` or ``＼boxed`` become ASCII

@@ -155,8 +155,9 @@ class _Batch:
     """One call: its tasks, each with a bounded wait, retried once when its worker dies or its
     pool wedges; ``on_done(batch, i, result)`` may release held items or add tasks."""
 
-    def __init__(self, reward: MathGrader, fn, arglists: list[tuple], held=(), on_done=None):
-        self.reward, self.fn, self.on_done = reward, fn, on_done
+    def __init__(self, reward: MathGrader, fn, arglists: list[tuple], held=(), on_done=None, extra: float = 0.0,
+                 size: int | None = None):
+        self.reward, self.fn, self.on_done, self.extra = reward, fn, on_done, extra
         self.args: list[tuple] = []
         self.out: list = []
         self._deaths: list[int] = []  # the worker died running it (retried once)
@@ -170,7 +171,8 @@ class _Batch:
             self.add(args)
         self._held = set(held)
         # work stops here; batch_time_limit adds the time to stop the pools still holding tasks
-        self.deadline = time.monotonic() + reward.batch_time_limit(len(arglists)) - 2 * _STOP_WAIT
+        size = len(arglists) if size is None else size  # the items the tasks stand for
+        self.deadline = time.monotonic() + reward.batch_time_limit(size) - 2 * _STOP_WAIT
 
     def add(self, args: tuple) -> int:
         """A new task (submitted at once when the batch is running); returns its index."""
@@ -193,7 +195,7 @@ class _Batch:
         for attempt in (0, 1):
             workers = r._get_pool()
             try:
-                workers.submit(self.fn, (*self.args[i], r.timeout), r.timeout + _GRACE, callback)
+                workers.submit(self.fn, (*self.args[i], r.timeout), r.timeout + _GRACE + self.extra, callback)
                 self._where[i] = workers
                 return
             except RuntimeError:  # "pool not active": it broke between _get_pool and schedule

@@ -11,7 +11,7 @@ import signal
 import time
 from collections import OrderedDict
 
-from .normalize import _canon, _final_boxes, _gold_latex, _normalize
+from .normalize import _canon, _gold_latex, prepared_text
 
 # Result codes sent back by workers (plain ints: nothing sympy ever crosses the process boundary).
 CORRECT, WRONG, GOLD_BAD, PRED_BAD, TIMED_OUT, DIED, OOM = 1, 0, 2, 3, 4, 5, 6
@@ -19,6 +19,9 @@ GOLD_TIMEOUT = 7  # the gold's parse hit math-verify's alarm (worker side)
 KILLED = 8  # the parent's hard deadline: pebble killed the worker (parent side)
 _GRACE = 0.5  # parent deadline = timeout + grace, so math-verify's own alarm usually wins (no kill)
 _MAX_LOGGED = 200  # extracted strings logged to TRL's table are cut to this many characters
+_BOX_OPEN = "\\boxed{"
+_CHUNK = 16  # answers of one gold per worker round trip
+_CHUNK_BUDGET = 1.0  # seconds after which a chunk starts no further answer (the rest are sent again)
 
 
 _CFG: tuple | None = None
@@ -40,6 +43,56 @@ def _configs():
         # Expr catches plain-text "the final answer is 42"; anchors only, never a stray number.
         _CFG = ([latex], [latex, ExprExtractionConfig(try_extract_without_anchor=False)])
     return _CFG
+
+
+# Typical answer shapes, parsed once in the parent before it forks workers: latex2sympy's ANTLR
+# parser caches its prediction automaton as it goes (a cold parser takes ~15 ms per answer, a warm
+# one ~4-6 ms), and forked workers, replacements included, inherit the warm cache.
+_WARM_ATOMS = ("x", "2", "\\pi", "\\sqrt{3}", "\\frac{1}{2}", "a^2", "-5", "3.5", "\\infty", "e", "n", "\\theta",
+               "10^{3}", "\\sqrt[3]{2}", "k!", "\\binom{5}{2}")  # fmt: skip
+_WARM_FORMS = ("{a}", "{a}+{b}", "{a}-{b}", "{a}{b}", "\\frac{{{a}}}{{{b}}}", "\\dfrac{{{a}}}{{{b}}}", "{a}^{{{b}}}",
+               "\\sqrt{{{a}}}", "({a}, {b})", "[{a}, {b})", "\\{{{a}, {b}\\}}", "{a} \\cdot {b}", "\\left({a}\\right)",
+               "x = {a}", "{a} \\le x \\le {b}", "\\sin {a}", "\\cos({a})", "\\log_{{2}} {a}", "{a}^\\circ",
+               "\\text{{Evelyn}}", "{a} \\text{{ cm}}", "\\begin{{pmatrix}} {a} \\\\ {b} \\end{{pmatrix}}",
+               "(-\\infty, {a}] \\cup [{b}, \\infty)", "{a}, {b}", "{a}\\%", "|{a}|", "{a} \\pm {b}",
+               "\\tan^{{-1}} {a}", "{a} \\times {b}")  # fmt: skip
+_WARM_PAIRS = (("2x+1", "1+2x"), ("\\frac{\\sqrt{3}}{2}", "\\sin 60^\\circ"), ("(1,2)", "(2,1)"), ("3y", "y+7"),
+               ("[0, 1)", "(0, 1]"), ("x = 5", "5"), ("\\{1, 2\\}", "\\{2, 1\\}"), ("\\pi/2", "1.5708"))  # fmt: skip
+_WARMED: int | None = None  # the process whose parser is warm
+
+
+def _warm_parser() -> None:
+    """Parse the typical answer shapes once per process (~2 s), before the first fork."""
+    global _WARMED
+    if _WARMED == os.getpid():
+        return
+    _WARMED = os.getpid()
+    from latex2sympy2_extended import latex2sympy  # the parser itself: no signal, no extraction
+
+    atoms = _WARM_ATOMS
+    pairs = [(atoms[i % len(atoms)], atoms[(i * 7 + 3) % len(atoms)]) for i in range(7)]
+    for form in _WARM_FORMS:
+        for a, b in pairs:
+            try:
+                latex2sympy(form.format(a=a, b=b))
+            except Exception:  # noqa: BLE001 - a shape it rejects still warms the automaton
+                pass
+    # sympy's comparison paths import and cache on first use (~0.1 s each): take that here too
+    from math_verify import parse, verify
+
+    quiet = [(logging.getLogger(n), logging.getLogger(n).level) for n in ("math_verify", "latex2sympy2_extended")]
+    for logger_, _ in quiet:
+        logger_.setLevel(logging.CRITICAL)  # "timeout disabled": fine for these fixed inputs
+    try:
+        for a, b in _WARM_PAIRS:
+            gold = parse("\\boxed{" + a + "}", _configs()[0], parsing_timeout=None)
+            pred = parse("\\boxed{" + b + "}", _configs()[1], parsing_timeout=None)
+            verify(gold, pred, timeout_seconds=None)
+    except Exception:  # noqa: BLE001 - warming is best effort
+        pass
+    finally:
+        for logger_, level in quiet:
+            logger_.setLevel(level)
 
 
 def _init_worker(memory_limit_mb: int | None) -> None:
@@ -130,18 +183,38 @@ def _extracted(res: list) -> str | None:
     return res[-1] if res and isinstance(res[-1], str) else None
 
 
-def _grade_task(pred: str, golds: tuple[str, ...], timeout: int) -> tuple[int, str | None]:
+def _grade_task(pred: str, golds: tuple[str, ...], timeout: int, prepared: bool = False) -> tuple[int, str | None]:
     """Grade one completion against its acceptable gold answers (already ``\\boxed``).
 
     The golds are parsed first, so any code but GOLD_BAD / GOLD_TIMEOUT / OOM says they parse.
+    ``prepared``: ``pred`` is already what math-verify reads (``_normalize(_final_boxes(text))``).
     """
     try:
-        return _grade(pred, golds, timeout)
+        return _grade(pred, golds, timeout, prepared)
     except MemoryError:  # over the worker's address-space cap (memory_limit_mb)
         return OOM, None
 
 
-def _grade(pred: str, golds: tuple[str, ...], timeout: int) -> tuple[int, str | None]:
+def _chunk_task(preds: tuple[str, ...], golds: tuple[str, ...], budget: float, timeout: int) -> tuple:
+    """Grade several prepared answers against one gold in one round trip.
+
+    An item starts only while less than ``budget`` seconds have passed (the first always does), so
+    each item gets as long as a task of its own would under the parent's deadline of
+    ``budget + timeout + grace``; the items not started come back as None and are sent again.
+    A gold that does not parse answers for the whole chunk.
+    """
+    t0, out = time.monotonic(), []
+    for k, pred in enumerate(preds):
+        if k and time.monotonic() - t0 >= budget:
+            return (*out, *([None] * (len(preds) - k)))
+        res = _grade_task(pred, golds, timeout, prepared=True)
+        if res[0] in (GOLD_BAD, GOLD_TIMEOUT):
+            return tuple([res] * len(preds))
+        out.append(res)
+    return tuple(out)
+
+
+def _grade(pred: str, golds: tuple[str, ...], timeout: int, prepared: bool = False) -> tuple[int, str | None]:
     parsed_golds, gold_timeout = [], False
     for g in golds:
         res, t = _parse_gold(g, timeout)
@@ -150,7 +223,7 @@ def _grade(pred: str, golds: tuple[str, ...], timeout: int) -> tuple[int, str | 
             parsed_golds.append(res)
     if not parsed_golds:
         return (GOLD_TIMEOUT if gold_timeout else GOLD_BAD), None
-    res, timed_out = _parse(_normalize(_final_boxes(pred)), _configs()[1], timeout)
+    res, timed_out = _parse(pred if prepared else prepared_text(pred), _configs()[1], timeout)
     extracted = _extracted(res)
     if not res:
         return (TIMED_OUT if timed_out else PRED_BAD), None
@@ -179,6 +252,6 @@ def _equiv_task(a: str, b: str, timeout: int) -> int:
 
 
 def _extract_task(text: str, timeout: int) -> str | None:
-    return _extracted(_parse(_normalize(_final_boxes(text)), _configs()[1], timeout)[0])
+    return _extracted(_parse(prepared_text(text), _configs()[1], timeout)[0])
 
 
