@@ -3,9 +3,10 @@
 Variants are alternated round by round in one process, so drift (thermal, other load) hits all
 of them alike. The learning rate is 0, so every variant samples the very same completions (same
 seed) and only the per-step overhead differs.
-Prints the CAPO/GRPO ratios and where CAPO's extra time goes.
+Prints the CAPO/GRPO ratios, CAPO's own overhead ``(CAPO - GRPO - reference forward) / GRPO``,
+where the time goes, and (``--memory``) the peak resident memory of each variant, one process each.
 
-    python benchmarks/bench_step.py [--rounds 5] [--steps 6]
+    python benchmarks/bench_step.py [--rounds 5] [--steps 6] [--memory]
 """
 
 import argparse
@@ -18,7 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from transformers import TrainerCallback
+from transformers import Qwen2ForCausalLM, TrainerCallback
 from transformers.utils import logging as hf_logging
 from trl import GRPOConfig, GRPOTrainer
 
@@ -27,12 +28,21 @@ from tiny import build_tiny_model, digit_reward, tiny_dataset  # noqa: E402
 
 from capo_trl import CAPOConfig, CAPOTrainer  # noqa: E402
 
+MASK = dict(noise_mask=True, ref_high=1e6, ref_low=1.0)
 VARIANTS = {
     "grpo beta=0": (GRPOTrainer, GRPOConfig, dict(beta=0.0)),
-    "capo beta=0 (mask, own reference)": (CAPOTrainer, CAPOConfig, dict(beta=0.0, ref_high=1e6, ref_low=1.0)),
+    "capo beta=0 (no mask)": (CAPOTrainer, CAPOConfig, dict(beta=0.0, noise_mask=False)),
+    "capo beta=0 (mask, own reference, all)": (CAPOTrainer, CAPOConfig, dict(beta=0.0, ref_scoring="all", **MASK)),
+    "capo beta=0 (mask, own reference, needed)": (CAPOTrainer, CAPOConfig, dict(beta=0.0, ref_scoring="needed", **MASK)),
     "grpo beta=0.04": (GRPOTrainer, GRPOConfig, dict(beta=0.04)),
-    "capo beta=0.04 (mask, TRL reference)": (CAPOTrainer, CAPOConfig, dict(beta=0.04, ref_high=1e6, ref_low=1.0)),
+    "capo beta=0.04 (mask, TRL reference)": (CAPOTrainer, CAPOConfig, dict(beta=0.04, **MASK)),
 }
+PAIRS = [  # (CAPO variant, its GRPO baseline)
+    ("capo beta=0 (no mask)", "grpo beta=0"),
+    ("capo beta=0 (mask, own reference, all)", "grpo beta=0"),
+    ("capo beta=0 (mask, own reference, needed)", "grpo beta=0"),
+    ("capo beta=0.04 (mask, TRL reference)", "grpo beta=0.04"),
+]
 TIMED = ["_generate_single_turn", "_rollout_scores", "_reference_scores", "_log_calibration"]
 
 
@@ -65,7 +75,7 @@ def run(variant, model_dir, steps, out_dir, parts):
     args = config_cls(
         output_dir=out_dir, per_device_train_batch_size=16, num_generations=8, max_completion_length=32,
         max_steps=steps, learning_rate=0.0, bf16=False, use_cpu=True, report_to="none",
-        gradient_checkpointing=False, save_strategy="no", logging_steps=10**6, disable_tqdm=True, seed=0, **extra,
+        gradient_checkpointing=False, save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0, **extra,
     )
     timer = StepTimer()
     trainer = trainer_cls(model=model_dir, reward_funcs=digit_reward, args=args, train_dataset=tiny_dataset(64),
@@ -74,6 +84,10 @@ def run(variant, model_dir, steps, out_dir, parts):
         if hasattr(trainer, name):
             timed(trainer, name, parts)
     trainer.train()
+    tied = [r["capo/mixed_group_frac"] for r in trainer.state.log_history if "capo/mixed_group_frac" in r]
+    scored = [r["capo/ref_scored_frac"] for r in trainer.state.log_history if "capo/ref_scored_frac" in r]
+    parts["_mixed_group_frac"] += tied
+    parts["_ref_scored_frac"] += scored
     return timer.times[1:]  # the first step warms caches and allocators
 
 
@@ -83,6 +97,9 @@ def main():
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--memory", action="store_true", help="also measure peak memory, one process per variant")
+    parser.add_argument("--memory-hidden", type=int, default=512)
+    parser.add_argument("--memory-layers", type=int, default=4)
     args = parser.parse_args()
     hf_logging.set_verbosity_error()
     warnings.filterwarnings("ignore")
@@ -98,12 +115,56 @@ def main():
     med = {v: statistics.median(t) * 1000 for v, t in times.items()}
     for variant, ms in med.items():
         print(f"  {variant:<38} median {ms:7.1f} ms/step  (n={len(times[variant])})")
-    print(f"ratio capo/grpo at beta=0:    {med['capo beta=0 (mask, own reference)'] / med['grpo beta=0']:.3f}x")
-    print(f"ratio capo/grpo at beta=0.04: {med['capo beta=0.04 (mask, TRL reference)'] / med['grpo beta=0.04']:.3f}x")
+    for capo, grpo in PAIRS:
+        ref_ms = statistics.median(parts[capo]["_reference_scores"]) * 1000 if parts[capo]["_reference_scores"] else 0.0
+        if "0.04" in capo:
+            ref_ms = 0.0  # TRL computes the reference log-probs for its KL term in both variants
+        own = (med[capo] - med[grpo] - ref_ms) / med[grpo]
+        print(f"{capo:<44} {med[capo] / med[grpo]:.3f}x GRPO; reference forward {ref_ms:5.1f} ms; "
+              f"CAPO's own overhead (CAPO - GRPO - reference) / GRPO = {100 * own:+.1f}%")
     for variant in VARIANTS:
-        spent = {k: statistics.median(v) * 1000 for k, v in parts[variant].items() if v}
+        spent = {k: statistics.median(v) * 1000 for k, v in parts[variant].items() if v and k not in ("_mixed_group_frac", "_ref_scored_frac")}
         print(f"where time goes in '{variant}' (median ms per generation): "
               + ", ".join(f"{k.lstrip('_')} {ms:.1f}" for k, ms in spent.items()))
+    mixed = parts["capo beta=0 (no mask)"]["_mixed_group_frac"]
+    scored = parts["capo beta=0 (mask, own reference, needed)"]["_ref_scored_frac"]
+    if mixed:
+        print(f"groups with mixed rewards: {statistics.mean(mixed):.2f} of all (tied: {1 - statistics.mean(mixed):.2f}); "
+              f"ref_scoring='needed' scored {statistics.mean(scored):.2f} of the completions")
+    if args.memory:
+        memory(args)
+
+
+def _peak_rss_child(variant, hidden, layers, steps):
+    """Train one variant in a fresh process; its peak resident set size (MiB)."""
+    import subprocess
+
+    code = (
+        "import resource, sys, tempfile, warnings; warnings.filterwarnings('ignore');"
+        "sys.path.insert(0, 'benchmarks'); import bench_step as b;"
+        "from transformers.utils import logging; logging.set_verbosity_error();"
+        "from collections import defaultdict; from pathlib import Path;"
+        "d = tempfile.mkdtemp(); m = b.build_tiny_model(Path(d) / 'm', hidden_size=%d, num_hidden_layers=%d);"
+        "b.run(%r, m, %d, d + '/o', defaultdict(list));"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"
+    ) % (hidden, layers, variant, steps)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def memory(args):
+    """Peak RSS of GRPO and CAPO at beta 0 on a larger model, and the reference copy's share of it."""
+    hidden, layers = args.memory_hidden, args.memory_layers
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Qwen2ForCausalLM.from_pretrained(build_tiny_model(Path(tmp) / "m", hidden_size=hidden,
+                                                                  num_hidden_layers=layers))
+        n_params = sum(p.numel() for p in model.parameters())
+    names = ["grpo beta=0", "capo beta=0 (no mask)", "capo beta=0 (mask, own reference, all)"]
+    peaks = {v: _peak_rss_child(v, hidden, layers, 3) for v in names}
+    print(f"\npeak RSS, one process per variant, Qwen2 hidden={hidden} layers={layers} ({n_params / 1e6:.1f}M params, "
+          f"fp32 copy {4 * n_params / 2**20:.0f} MiB):")
+    for v, mib in peaks.items():
+        print(f"  {v:<44} {mib:8.0f} MiB  ({mib - peaks['grpo beta=0']:+.0f} MiB vs GRPO)")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,9 @@ from .methods import BUILTIN, resolve_method
 from .methods.base import check_fields
 
 THRESHOLD_MODES = ("fixed", "auto")
+REF_SCORING = ("auto", "all", "needed")
+# Loss types whose normaliser does not depend on which rows the mask drops (rows, or a constant).
+MASK_FREE_NORMALISER = ("grpo", "sapo", "dr_grpo")
 # Each built-in method's fields, mixed in (later methods' fields come first in the MRO, so last in --help).
 _METHOD_ARGS = tuple(m.Args for m in reversed(BUILTIN) if m.Args is not None)
 
@@ -81,6 +84,16 @@ class CAPOConfig(*_METHOD_ARGS, GRPOConfig):
         ref_cache_size (`int`, defaults to `65536`):
             Number of reference scores kept in an LRU cache keyed on prompt+completion token ids, so a
             completion seen again costs no reference forward. `0` disables the cache.
+        ref_scoring (`str`, defaults to `"auto"`):
+            Which completions the mask's own reference forward scores at `beta=0`. `"all"`: every one.
+            `"needed"`: only those whose mask verdict can change the loss: completions with a non-zero
+            advantage (a group whose rewards all tie has none under CAPO and GRPO), plus any the
+            guard's decision depends on; the others count as kept. The loss is then identical to
+            `"all"` when the loss type's normaliser ignores dropped rows (`grpo`, `sapo`, `dr_grpo`);
+            with `dapo`/`bnpo`/`cispo` the kept tied rows enlarge the token count that divides the loss
+            (docs/config.md gives the measured effect). `"auto"`: `"needed"` exactly where it changes
+            nothing (those loss types, `beta=0`, `top_entropy_quantile=1`, thresholds not being
+            measured), else `"all"`.
         method_kwargs (`dict` or `None`, defaults to `None`):
             Settings of a method defined outside capo-trl, checked against its `Args` dataclass.
     """
@@ -126,6 +139,13 @@ class CAPOConfig(*_METHOD_ARGS, GRPOConfig):
         default=65536,
         metadata={"help": "Entries of the LRU cache of reference scores (0 disables it)."},
     )
+    ref_scoring: str = field(
+        default="auto",
+        metadata={"help": "Reference forward of the mask at beta=0: 'all' completions, or only those whose verdict "
+                  "can change the loss ('needed': non-zero advantage, or the guard depends on it); 'auto': "
+                  "'needed' where the loss is then identical (loss_type grpo/sapo/dr_grpo), else 'all'.",
+                  "choices": list(REF_SCORING)},
+    )
     method_kwargs: dict | str | None = field(
         default=None,
         metadata={"help": "Settings of a method defined outside capo-trl (its Args dataclass), as a mapping (or a "
@@ -154,7 +174,7 @@ class CAPOConfig(*_METHOD_ARGS, GRPOConfig):
             return ValueError(f"CAPOConfig.{name}={getattr(self, name)!r} is invalid; {allowed}.")
 
         check_fields(self, "CAPOConfig.", positive=("ref_high", "ref_low"), count=("ref_calibration_steps",),
-                     flags=("noise_mask_guard",), choices={"ref_thresholds": THRESHOLD_MODES})
+                     flags=("noise_mask_guard",), choices={"ref_thresholds": THRESHOLD_MODES, "ref_scoring": REF_SCORING})
         if self.ref_low < 1.0 or self.ref_high < 1.0:
             raise ValueError(
                 f"CAPOConfig.ref_high={self.ref_high} / ref_low={self.ref_low} are perplexities, which are >= 1; "

@@ -80,6 +80,23 @@ class NoiseMask:
                     f"{bound} accordingly, or disable the mask with noise_mask=False."))
         return keep, guarded
 
+    def unresolved(self, rewards: torch.Tensor, ref_ppl: torch.Tensor) -> torch.Tensor:
+        """Rows without a reference score (NaN) on which the guard's decision depends.
+
+        The guard fires when a class would be dropped entirely; if every *scored* member of a class
+        is dropped, its unscored members decide that, so they must be scored. Otherwise none.
+        """
+        out = torch.zeros_like(rewards, dtype=torch.bool)
+        thresholds = (self.config.ref_high, self.config.ref_low) if self.config.ref_thresholds == "fixed" else self.measured
+        if not self.config.noise_mask_guard or thresholds is None:
+            return out
+        unscored = torch.isnan(ref_ppl)
+        keep = noise_mask(rewards, ref_ppl, *thresholds, self.config.correct_threshold) & ~unscored
+        for members in (rewards >= self.config.correct_threshold, rewards < self.config.correct_threshold):
+            if (members & unscored).any() and not (keep & members).any():
+                out |= members & unscored
+        return out
+
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self.warned:
             self.warned.add(key)

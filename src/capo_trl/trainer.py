@@ -33,7 +33,7 @@ from trl.trainer.utils import get_config_model_id, pad, use_adapter
 from .advantages import mean_token_logprob, within_group_std
 from .checkpoint import CheckpointedState
 from .checks import check_dataset_size, check_prompt_lengths
-from .config import CAPOConfig
+from .config import MASK_FREE_NORMALISER, CAPOConfig
 from .errors import UsageError
 from .losses import FORWARD_KEYS, MethodLosses
 from .mask import NoiseMask
@@ -141,6 +141,8 @@ class CAPOTrainer(CheckpointedState, MethodLosses, GRPOTrainer):
         self._ref_cache_usable = args.ref_cache_size > 0 and not (self._dist.is_zero3 or self.is_fsdp_enabled)
         self._record = StepRecord()
         self._mask = NoiseMask(args) if args.noise_mask else None
+        exact = args.loss_type in MASK_FREE_NORMALISER and args.beta == 0.0 and args.top_entropy_quantile == 1.0
+        self._ref_scoring = args.ref_scoring if args.ref_scoring != "auto" else "needed" if exact else "all"
         self._loss_inputs = None  # the micro-batch whose loss is being computed, for the token_logps hook
         self.method = resolve_method(args.advantage_estimator)(args)
         self._method_state = self.method.make_state(self.num_generations)
@@ -204,16 +206,6 @@ class CAPOTrainer(CheckpointedState, MethodLosses, GRPOTrainer):
         record.scores = scores = self.accelerator.gather(self._rollout_scores(out, loss_mask, record))
         local = slice(self.accelerator.process_index * len(inputs), (self.accelerator.process_index + 1) * len(inputs))
 
-        if self._mask is not None:
-            record.ref_ppl = self.accelerator.gather(torch.exp(-self._reference_scores(out, loss_mask, record)))
-            record.keep, guarded = self._mask(rewards, record.ref_ppl, training=mode == "train")
-            if record.keep is not None:
-                self._metrics[mode]["capo/mask_guard_kept"].append(guarded)
-            if args.ref_thresholds == "auto" and self._mask.measured is not None:
-                for name, value in zip(("capo/ref_high", "capo/ref_low"), self._mask.measured):
-                    self._metrics[mode][name].append(value)
-        keep = record.keep
-
         self._metrics[mode]["capo/score_spread"].append(within_group_std(rewards, scores, num_generations).item())
         trl_advantages = out["advantages"]
         batch = AdvantageInputs(
@@ -225,6 +217,16 @@ class CAPOTrainer(CheckpointedState, MethodLosses, GRPOTrainer):
         advantages, extra = self.method.advantages(batch)
         for name, value in extra.items():
             self._metrics[mode][name].append(value)
+
+        if self._mask is not None:  # after the advantages: they say which reference scores can matter
+            record.ref_ppl = self._reference_ppl(out, loss_mask, record, advantages, local, mode)
+            record.keep, guarded = self._mask(rewards, record.ref_ppl, training=mode == "train")
+            if record.keep is not None:
+                self._metrics[mode]["capo/mask_guard_kept"].append(guarded)
+            if args.ref_thresholds == "auto" and self._mask.measured is not None:
+                for name, value in zip(("capo/ref_high", "capo/ref_low"), self._mask.measured):
+                    self._metrics[mode][name].append(value)
+        keep = record.keep
         per_sample = advantages if advantages.dim() == 1 else advantages[:, 0]  # (N, T): table shows token 0
         if keep is not None:
             advantages = advantages * (keep if advantages.dim() == 1 else keep.unsqueeze(1))
@@ -326,22 +328,47 @@ class CAPOTrainer(CheckpointedState, MethodLosses, GRPOTrainer):
             per_token = self._forward_logps(self.model, out)
         return mean_token_logprob(per_token, loss_mask)
 
-    def _reference_scores(self, out, loss_mask, record: StepRecord) -> torch.Tensor:
-        """Mean token log-prob under the reference: TRL's when beta > 0, else cached or one forward."""
+    def _ref_rows(self, out, advantages: torch.Tensor, mode: str) -> torch.Tensor | None:
+        """Global rows whose reference score can change the loss (``ref_scoring``); None: every row."""
+        if self._ref_scoring == "all" or "ref_per_token_logps" in out:
+            return None
+        if self.args.ref_thresholds == "auto" and self._mask.measured is None:
+            return None  # the quartile rule measures on every completion
+        return advantages != 0 if advantages.dim() == 1 else (advantages != 0).any(dim=1)
+
+    def _reference_ppl(self, out, loss_mask, record: StepRecord, advantages, local: slice, mode: str) -> torch.Tensor:
+        """Reference perplexity of the global batch; NaN (kept by the mask) where ``ref_scoring`` skipped it."""
+        rows = self._ref_rows(out, advantages, mode)
+        ref = self.accelerator.gather(self._reference_scores(out, loss_mask, record, None if rows is None else rows[local]))
+        if rows is not None:
+            more = self._mask.unresolved(record.rewards, torch.exp(-ref))  # the guard's decision hangs on them
+            if more.any():
+                ref = torch.where(more, self.accelerator.gather(self._reference_scores(out, loss_mask, record,
+                                                                                       more[local])), ref)
+            self._metrics[mode]["capo/ref_scored_frac"].append(torch.isfinite(ref).float().mean().item())
+        return torch.exp(-ref)
+
+    def _reference_scores(self, out, loss_mask, record: StepRecord, want: torch.Tensor | None = None) -> torch.Tensor:
+        """Mean token log-prob under the reference: TRL's when beta > 0, else cached or one forward.
+
+        ``want``: score only these rows (the others stay NaN).
+        """
         if "ref_per_token_logps" in out:
             return mean_token_logprob(out["ref_per_token_logps"], loss_mask)
         n = loss_mask.size(0)
-        record.ref_cache_start = (self._ref_cache.hits, self._ref_cache.lookups)
+        want = torch.ones(n, dtype=torch.bool) if want is None else want.cpu()
+        if record.ref_cache_start is None:
+            record.ref_cache_start = (self._ref_cache.hits, self._ref_cache.lookups)
         scores = torch.full((n,), float("nan"), device=loss_mask.device)
         multimodal = any(k in out for k in FORWARD_KEYS)
         cached = self._ref_cache_usable and not multimodal
         keys = sequence_keys(out["prompt_ids"], out["prompt_mask"], out["completion_ids"], loss_mask) if cached else []
         if cached:
             for i, key in enumerate(keys):
-                hit = self._ref_cache.get(key)
+                hit = self._ref_cache.get(key) if want[i] else None
                 if hit is not None:
                     scores[i] = hit
-        missing = torch.isnan(scores).nonzero().squeeze(1)
+        missing = (torch.isnan(scores).cpu() & want).nonzero().squeeze(1).to(loss_mask.device)
         if missing.numel() == 0:
             return scores
         rows = None if missing.numel() == n else missing
