@@ -39,6 +39,9 @@ def _one_line_error(capsys, *needles):
     (["--max_new_tokens", "0"], "--max_new_tokens"), (["--temperature", "-0.5"], "--temperature"),
     (["--top_p", "0"], "--top_p"), (["--top_p", "1.5"], "--top_p"), (["--top_k", "-1"], "--top_k"),
     (["--ks", "1", "4"], "--ks"), (["--ks", "0"], "--ks"),
+    (["--target_precision", "0.9"], "--calibrate_on"), (["--calibrate_on", "test", "--target_precision", "1.5"],
+                                                       "--target_precision"),
+    (["--calibrate_on", "test", "--calibrate_limit", "0"], "--calibrate_limit"),
 ])
 def test_bad_numbers_are_one_line_errors(no_loading, tiny_model_dir, tmp_path, capsys, extra, flag):
     assert _eval(tiny_model_dir, tmp_path / "out", *extra) == 2

@@ -74,3 +74,6 @@ def test_rows_the_guard_depends_on_are_scored(tiny_model_dir, tmp_path):
         assert torch.equal(a, b), name
     rows = [r for r in part.state.log_history if "loss" in r]
     assert all(r["capo/mask_guard_kept"] > 0 for r in rows)  # the guard fired, as it does when scoring all
+    table = part._logs  # TRL's completions table: s, the reference PPL and the verdict per completion
+    assert len(table["extra"]["capo_score"]) == len(table["extra"]["ref_ppl"]) == len(table["prompt"])
+    assert {type(k) for k in table["extra"]["kept"]} == {bool}

@@ -129,6 +129,15 @@ def add_eval_parser(subparsers) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="write into a non-empty --out, replacing a previous report there (other files are kept)")
     p.add_argument("--plots", action="store_true", help="also write PNG plots")
+    p.add_argument("--calibrate_on", default=None, metavar="SPLIT_OR_FILE",
+                   help="fit a map s -> P(correct) on this split of --benchmark (or a local file), sampled the same "
+                        "way, and report ECE/Brier before and after on the evaluated problems; writes calibrator.json")
+    p.add_argument("--calibration", default="platt", choices=["temperature", "platt", "isotonic"],
+                   help="the map --calibrate_on fits (default platt)")
+    p.add_argument("--calibrate_limit", type=int, default=None, help="use the first N calibration problems only")
+    p.add_argument("--target_precision", type=float, default=None, metavar="P",
+                   help="with --calibrate_on: choose there the abstention threshold whose precision is >= P with "
+                        "95%% confidence, and report its coverage and precision on the evaluated problems")
     p.add_argument("--no_progress", action="store_true", help="hide progress bars")
     p.set_defaults(func=run_eval)
 
@@ -154,9 +163,19 @@ def run_eval(args) -> int:
         raise UsageError("--backend vllm needs vLLM, which is not installed: pip install 'capo-trl[vllm]' (CUDA "
                          "only), or use --backend transformers.")
     _check_device(args.device)
+    _at_least(args.calibrate_limit, "--calibrate_limit", what="calibration problems")
+    if args.target_precision is not None and (args.calibrate_on is None or not 0 < args.target_precision < 1):
+        raise UsageError("--target_precision needs --calibrate_on (the threshold is chosen there) and a value in "
+                         f"(0, 1), got {args.target_precision}.")
     out = check_output_dir(args.out, args.overwrite)
     problems = _load_problems(args.benchmark, args.column, split=args.split, limit=args.limit,
                               template=args.template)
+    calibration = None
+    if args.calibrate_on is not None:  # a local file, else a split of --benchmark
+        is_file = Path(args.calibrate_on).expanduser().is_file()
+        calibration = _load_problems(args.calibrate_on if is_file else args.benchmark, args.column,
+                                     split=None if is_file else args.calibrate_on, limit=args.calibrate_limit,
+                                     template=args.template)
     check_model_path(args.model, "--model")
     if args.tokenizer is not None and not Path(args.tokenizer).expanduser().is_dir():
         check_model_path(args.tokenizer, "--tokenizer")
@@ -164,10 +183,21 @@ def run_eval(args) -> int:
         args.model, args.tokenizer, problems, n=args.n, ks=ks, temperature=args.temperature,
         top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
         backend=args.backend, seed=args.seed, progress=not args.no_progress, device=args.device,
+        calibrate_on=calibration, calibration=args.calibration, target_precision=args.target_precision,
     )
     paths = result.save(out, plots=args.plots)
     print(f"{args.benchmark}: {len(problems)} problems x {args.n} samples, temperature {args.temperature}")
     print(result.table())
+    if calibration is not None:
+        print(f"calibrated on {args.calibrate_on} ({len(calibration)} problems, {args.calibration}): ECE "
+              f"{result.metrics['ece']:.4f} -> {result.metrics['ece_calibrated']:.4f}, Brier {result.metrics['brier']:.4f} "
+              f"-> {result.metrics['brier_calibrated']:.4f}")
+    if args.target_precision is not None:
+        m = result.metrics
+        print(f"answer only where P(correct) >= {m['selective/threshold']:.4f} (chosen for precision >= "
+              f"{args.target_precision} at 95% confidence): coverage {m['selective/coverage']:.4f}, precision "
+              f"{m['selective/precision']:.4f} [{m['selective/precision_ci_low']:.4f}, "
+              f"{m['selective/precision_ci_high']:.4f}] on {m['selective/n_answered']} answered")
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
 

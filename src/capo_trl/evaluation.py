@@ -41,7 +41,7 @@ from .scaling import (
 __all__ = ["EvalResult", "evaluate", "check_settings", "default_ks", "compute_metrics"]
 
 _GRADE_CHUNK = 256  # completions per grader call: keeps the progress bar moving
-PLOT_FILES = ("precision_coverage.png", "reliability.png")
+PLOT_FILES = ("precision_coverage.png", "reliability.png", "reliability_calibrated.png")
 
 
 def default_ks(n: int) -> list[int]:
@@ -100,6 +100,11 @@ class EvalResult:
         paths = {"report": out / "report.json", "samples": out / "samples.csv"}
         paths["report"].write_text(json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n")
         columns = ["id", "draw", "grade", "score", "confidence", "num_tokens", "finished", "extracted", "completion"]
+        if "calibrator" in self.config:  # the fitted map, loadable with Calibrator.load, and its output
+            from .confidence import Calibrator
+
+            paths["calibrator"] = Calibrator.from_dict(self.config["calibrator"]).save(out / "calibrator.json")
+            columns.insert(5, "probability")
         with paths["samples"].open("w", newline="", encoding="utf-8") as f:
             writer = csv.DictWriter(f, fieldnames=columns)
             writer.writeheader()
@@ -110,9 +115,13 @@ class EvalResult:
 
             paths["precision_coverage"] = draw.precision_coverage(self, out / "precision_coverage.png")
             paths["reliability"] = draw.reliability(self, out / "reliability.png")
-        else:  # plots of an earlier report saved here would describe another result
-            for name in PLOT_FILES:
+            if "reliability_calibrated" in self.curves:
+                paths["reliability_calibrated"] = draw.reliability_before_after(self, out / "reliability_calibrated.png")
+        if not plots or "reliability_calibrated" not in self.curves:  # files of an earlier report saved here
+            for name in PLOT_FILES if not plots else ("reliability_calibrated.png",):
                 (out / name).unlink(missing_ok=True)
+        if "calibrator" not in self.config:
+            (out / "calibrator.json").unlink(missing_ok=True)
         return paths
 
 
@@ -188,7 +197,8 @@ def evaluate(model, tokenizer, problems, n: int = 16, *, ks: list[int] | None = 
              temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = 1024,
              batch_size: int = 64, backend: str = "transformers", grader=None, seed: int | None = 0,
              n_bins: int = 10, bootstrap: int = 1000, progress: bool = True, device=None,
-             dtype=None) -> EvalResult:
+             dtype=None, calibrate_on=None, calibration: str = "platt", target_precision: float | None = None,
+             selective_confidence: float = 0.95) -> EvalResult:
     """Sample ``n`` completions per problem, grade them, and compute every CAPO metric.
 
     ``model``/``tokenizer``: objects or paths (tokenizer None: the model path's). ``problems``: a
@@ -200,39 +210,107 @@ def evaluate(model, tokenizer, problems, n: int = 16, *, ks: list[int] | None = 
     random stream (a training run's) is left untouched. ``backend="vllm"`` needs vLLM and a path.
     Bad settings or problems raise a :class:`~capo_trl.errors.UsageError` (a ValueError) before
     any model is loaded (:func:`check_settings`).
+
+    ``calibrate_on``: problems of another split (no question in common with ``problems``), sampled
+    the same way; a :class:`~capo_trl.confidence.Calibrator` (``calibration``: temperature, platt or
+    isotonic) is fitted there and its P(correct) reported on ``problems`` (``ece_calibrated``,
+    ``brier_calibrated``, per-sample ``probability``, ``config["calibrator"]``). With
+    ``target_precision`` the abstention threshold is chosen on the calibration split too and its
+    coverage and precision (with a Clopper-Pearson interval) measured here (``selective/*``).
     """
+    from . import confidence as conf
+
+    if calibration not in conf.METHODS:
+        raise UsageError(f"calibration must be one of {', '.join(conf.METHODS)}, got {calibration!r}.")
+    if target_precision is not None and (calibrate_on is None or not 0 < target_precision < 1):
+        raise UsageError("target_precision needs calibrate_on (the threshold is chosen there) and a value in (0, 1); "
+                         f"got {target_precision!r}.")
     ks = check_settings(n=n, ks=ks, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
                         batch_size=batch_size, backend=backend)
     rows = _as_problems(problems)
+    cal_rows = _as_problems(calibrate_on) if calibrate_on is not None else None
+    if cal_rows is not None:
+        conf.check_disjoint([_prompt_key(r) for r in cal_rows], [_prompt_key(r) for r in rows],
+                            "calibrate_on and the evaluated problems")
     settings = dict(n=n, ks=ks, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
                     backend=backend, seed=seed,
                     confidence="s = mean token log-prob (incl. EOS) of log_softmax(logits / T); ECE/Brier use exp(s)")
     path = str(model) if isinstance(model, (str, Path)) else None
     tokenizer = _load_tokenizer(tokenizer, path)
-    if backend == "vllm":
-        drawn = _sample_vllm(path, _prompt_ids(tokenizer, [r["prompt"] for r in rows]), n, temperature, top_p,
-                             top_k, max_new_tokens, seed)
-    else:
+    if backend != "vllm":
         model = _load_model(model, device, dtype)
-        prompt_ids = _prompt_ids(tokenizer, [r["prompt"] for r in rows])
-        was_training = model.training
-        model.eval()
-        try:
-            with _seeded(seed, next(model.parameters()).device), torch.no_grad():
-                drawn = _sample_transformers(model, tokenizer, prompt_ids, n, temperature, top_p, top_k,
-                                             max_new_tokens, batch_size, progress)
-        finally:
-            model.train(was_training)
-    eos = set(_eos_ids(model, tokenizer))
-    texts = tokenizer.batch_decode([ids for ids, _ in drawn], skip_special_tokens=True)
     if grader is None:
         from .grader import default_grader
 
         grader = default_grader()
-    samples = _grade(drawn, texts, rows, n, eos, grader, progress)
+
+    def draw(part, part_seed):
+        if backend == "vllm":
+            drawn = _sample_vllm(path, _prompt_ids(tokenizer, [r["prompt"] for r in part]), n, temperature, top_p,
+                                 top_k, max_new_tokens, part_seed)
+        else:
+            prompt_ids = _prompt_ids(tokenizer, [r["prompt"] for r in part])
+            was_training = model.training
+            model.eval()
+            try:
+                with _seeded(part_seed, next(model.parameters()).device), torch.no_grad():
+                    drawn = _sample_transformers(model, tokenizer, prompt_ids, n, temperature, top_p, top_k,
+                                                 max_new_tokens, batch_size, progress)
+            finally:
+                model.train(was_training)
+        texts = tokenizer.batch_decode([ids for ids, _ in drawn], skip_special_tokens=True)
+        return _grade(drawn, texts, part, n, set(_eos_ids(model, tokenizer)), grader, progress)
+
+    samples = draw(rows, seed)
     metrics, per_problem, curves = compute_metrics(samples, n, ks, grader.equivalent, n_bins=n_bins,
                                                    bootstrap=bootstrap, seed=seed or 0, progress=progress)
-    return EvalResult(metrics, samples, per_problem, curves, settings)
+    result = EvalResult(metrics, samples, per_problem, curves, settings)
+    if cal_rows is not None:
+        recalibrate(result, draw(cal_rows, None if seed is None else seed + 1), calibration, target_precision,
+                    selective_confidence, n_bins)
+    return result
+
+
+def _prompt_key(row: dict) -> str:
+    return row["prompt"] if isinstance(row["prompt"], str) else json.dumps(row["prompt"], sort_keys=True)
+
+
+def recalibrate(result: EvalResult, calibration_samples: list[dict], method: str = "platt",
+                target_precision: float | None = None, confidence: float = 0.95, n_bins: int = 10):
+    """Fit a :class:`~capo_trl.confidence.Calibrator` on ``calibration_samples`` and report it on ``result``.
+
+    Adds ``ece_calibrated``, ``brier_calibrated``, the calibrated reliability bins, a per-sample
+    ``probability`` and ``config["calibrator"]``; with ``target_precision`` the threshold chosen on the
+    calibration samples and its ``selective/*`` coverage and precision here. Returns the calibrator.
+    """
+    from . import confidence as conf
+
+    graded = [r for r in calibration_samples if r["grade"] is not None]
+    calibrator = conf.Calibrator.fit([r["score"] for r in graded], [r["grade"] for r in graded], method)
+    if target_precision is not None:
+        calibrator.fit_threshold([r["score"] for r in graded], [r["grade"] for r in graded], target_precision,
+                                 confidence)
+    usable = [r for r in result.samples if r["grade"] is not None]
+    probability = calibrator.predict([r["score"] for r in result.samples])
+    for r, p_cal in zip(result.samples, probability):
+        r["probability"] = float(p_cal)
+    p = np.array([r["probability"] for r in usable])
+    y = np.array([r["grade"] for r in usable], dtype=float)
+    m = result.metrics
+    m["ece_calibrated"], m["brier_calibrated"] = cal.ece(p, y, n_bins=n_bins), cal.brier(p, y)
+    m["mean_probability"] = float(p.mean()) if p.size else float("nan")
+    bins = cal.reliability_bins(p, y, n_bins=n_bins)
+    result.curves["reliability_calibrated"] = {"edges": bins.edges.tolist(), "count": bins.count.tolist(),
+                                               "confidence": bins.confidence.tolist(),
+                                               "accuracy": bins.accuracy.tolist()}
+    if calibrator.selective is not None:
+        sel = calibrator.selective
+        report = conf.selective_report(sel.threshold, p, y, confidence)
+        m.update({"selective/target_precision": target_precision, "selective/threshold": sel.threshold,
+                  "selective/calibration_coverage": sel.coverage, **{f"selective/{k}": v for k, v in report.items()}})
+    result.config["calibrator"] = calibrator.to_dict()
+    result.config["calibration_samples"] = len(graded)
+    return calibrator
 
 
 def _grade(drawn, texts, rows, n, eos, grader, progress) -> list[dict]:

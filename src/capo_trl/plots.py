@@ -61,6 +61,20 @@ def reliability(result, path) -> Path:
     return _save(fig, path)
 
 
+def reliability_before_after(result, path) -> Path:
+    """Reliability of raw exp(s) and of the calibrated P(correct), side by side (``calibrate_on``)."""
+    fig = new_figure(9.0, 3.8)
+    for ax, key, what, ece in zip(fig.subplots(1, 2), ("reliability", "reliability_calibrated"),
+                                  ("raw confidence exp(s)", f"calibrated ({result.config['calibrator']['method']})"),
+                                  (result.metrics["ece"], result.metrics["ece_calibrated"])):
+        bins = result.curves[key]
+        edges, acc = np.asarray(bins["edges"]), np.asarray(bins["accuracy"], dtype=float)
+        ax.bar(edges[:-1], np.nan_to_num(acc), width=np.diff(edges), align="edge", edgecolor="black", alpha=0.7)
+        ax.plot([0, 1], [0, 1], color="gray", linestyle="--")
+        ax.set(xlabel=what, ylabel="accuracy", xlim=(0, 1), ylim=(0, 1), title=f"ECE {ece:.3f}")
+    return _save(fig, path)
+
+
 # ------------------------------------------------------------------------------------ during training
 def calibration_history(history: list[dict], path, prefix: str = "val/", n: int = 8) -> Path:
     """CalibrationCallback's history: AUROC (pooled, per question, per draw) and accuracy against step."""
@@ -123,4 +137,5 @@ def precision_coverage_by_method(curves: dict, path) -> Path:
 
 
 __all__ = ["calibration_history", "new_figure", "precision_coverage", "precision_coverage_by_method", "reliability",
+           "reliability_before_after",
            "validation_curves"]

@@ -395,6 +395,12 @@ class CAPOTrainer(CheckpointedState, MethodLosses, GRPOTrainer):
         logged.extend(advantages.tolist())
 
     def _log_calibration(self, mode, record: StepRecord, advantages, num_generations) -> None:
+        # TRL's completions table (log_completions=True): why each sample got its advantage or was dropped
+        extra = self._logs["extra"]
+        extra["capo_score"].extend(record.scores.tolist())
+        if record.ref_ppl is not None:
+            extra["ref_ppl"].extend(record.ref_ppl.tolist())
+            extra["kept"].extend(record.keep.tolist() if record.keep is not None else [None] * len(record.scores))
         metrics = self._metrics[mode]
         for name, value in rollout_metrics(record.rewards, record.scores, advantages, num_generations,
                                            self.args.correct_threshold, record.keep, record.ref_ppl).items():
