@@ -48,6 +48,8 @@ print({SUMMARY_MARK!r} + json.dumps({{
     "test": {{label: r.metrics for label, r in results.items()}},
     "curve_points": {{label: len(r.curves["precision_coverage"]["coverage"]) for label, r in results.items()}},
     "table_columns": list(table.columns),
+    "calibrated": {{label: results[label].metrics["ece_calibrated"] for label in calibrators}},
+    "decision": decision.probability,
 }}))
 """
 
@@ -126,6 +128,8 @@ def test_notebook_runs_with_a_tiny_budget(tmp_path):
         assert math.isnan(metrics["auroc"]) or 0.0 <= metrics["auroc"] <= 1.0
         assert summary["curve_points"][label] > 1
     assert {f"mean@{n}", f"pc@{n}", "auroc"} <= set(summary["table_columns"])
+    assert set(summary["calibrated"]) == {"grpo", "capo"} and all(0 <= v <= 1 for v in summary["calibrated"].values())
+    assert 0 <= summary["decision"] <= 1
 
     # the figures and the table are real outputs of their cells
     assert _outputs(_cell(nb, "validation AUROC (pooled)"), "image/png"), "no validation-curve figure"
