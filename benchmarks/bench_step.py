@@ -131,8 +131,35 @@ def main():
     if mixed:
         print(f"groups with mixed rewards: {statistics.mean(mixed):.2f} of all (tied: {1 - statistics.mean(mixed):.2f}); "
               f"ref_scoring='needed' scored {statistics.mean(scored):.2f} of the completions")
+    recorder_cost(args.hidden, args.layers)
     if args.memory:
         memory(args)
+
+
+def recorder_cost(hidden, layers, reps=30):
+    """generate() alone vs with the rollout log-prob recorder, alternated: the recorder's share of sampling."""
+    from capo_trl.reference import RolloutLogprobRecorder
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Qwen2ForCausalLM.from_pretrained(build_tiny_model(Path(tmp) / "m", hidden_size=hidden,
+                                                                  num_hidden_layers=layers)).eval()
+    ids = torch.randint(3, 60, (16, 12))
+    kw = dict(max_new_tokens=32, min_new_tokens=32, do_sample=True, pad_token_id=0)
+    plain, recorded = [], []
+    with torch.no_grad():
+        for i in range(reps):
+            torch.manual_seed(i)
+            t = time.perf_counter()
+            model.generate(ids, **kw)
+            plain.append(time.perf_counter() - t)
+            torch.manual_seed(i)
+            with RolloutLogprobRecorder(1.0).attached(model):
+                t = time.perf_counter()
+                model.generate(ids, **kw)
+                recorded.append(time.perf_counter() - t)
+    a, b = statistics.median(plain) * 1000, statistics.median(recorded) * 1000
+    print(f"rollout recorder: generate 16 x 32 tokens {a:.1f} ms, with the recorder {b:.1f} ms "
+          f"(+{b - a:.1f} ms, {100 * (b - a) / a:+.1f}%)")
 
 
 def _peak_rss_child(variant, hidden, layers, steps):
