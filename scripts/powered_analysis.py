@@ -97,6 +97,16 @@ def main():
                 lines.append(f"| {ARMS[b][0]} - A | {key} | {d['n']} | {d['mean']:+.4f} | [{d['t_low']:+.4f}, {d['t_high']:+.4f}] "
                              f"| [{d['boot_low']:+.4f}, {d['boot_high']:+.4f}] | {d['wilcoxon_p']:.3f} | "
                              f"{verdict(d) if key == 'auroc_question' else ''} |")
+    lines += ["", "## Exploratory (not pre-registered): CAPO without the mask, seeds 0-4", "",
+              "| comparison | endpoint | n | mean | 95% t-interval | bootstrap 95% | Wilcoxon p |", "|---|---|---|---|---|---|---|"]
+    d_arm, b_arm = "capo:advantage_scale=matched:tau=0.5", "capo-mask:advantage_scale=matched:tau=0.5"
+    for other, name in ((a, "A"), (b_arm, "B")):
+        for key in ENDPOINTS:
+            d = paired(runs, d_arm, other, key)
+            if d["n"] >= 2:
+                summary["comparisons"][f"{d_arm} - {other}: {key}"] = d
+                lines.append(f"| D - {name} | {key} | {d['n']} | {d['mean']:+.4f} | [{d['t_low']:+.4f}, {d['t_high']:+.4f}] "
+                             f"| [{d['boot_low']:+.4f}, {d['boot_high']:+.4f}] | {d['wilcoxon_p']:.3f} |")
     lines += ["", f"## Length hack: collapse = test mean length >= {COLLAPSE_TOKENS:.0f} tokens or pooled AUROC < "
               f"{COLLAPSE_AUROC}", "", "| arm | seeds 0-4 | collapsed | per seed (tokens / pooled AUROC / per-question AUROC) |",
               "|---|---|---|---|"]
