@@ -62,6 +62,7 @@ def test_demo_compare_and_calibrate_mask_run_end_to_end(tmp_path, capsys):
     assert main(["demo", *budget]) == 0
     printed = capsys.readouterr().out
     assert "before" in printed and "after" in printed and "auroc_question" in printed
+    assert "CAPO does not beat GRPO on calibration" in printed  # what the evidence supports, said plainly
 
     out = tmp_path / "cmp"
     assert main(["compare", "--methods", "grpo,capo", "--seeds", "1", "--out", str(out), "--val_every", "1",

@@ -11,6 +11,16 @@ from .presets import Budget, check_budget, check_methods, parse_methods
 from .runs import HEADLINE, headline
 
 
+# What the evidence on this task supports (docs/results/README.md, "Powered comparison"): said after every demo.
+EVIDENCE = """
+What this shows and what it does not: RL raises accuracy and AUROC over the start model whatever the
+method. On this task CAPO does not beat GRPO on calibration: in a pre-registered comparison (6 seeds,
+600 steps, 1,024 test problems) CAPO's per-question AUROC was 0.023 below GRPO's (95% interval -0.049
+to +0.003), with 6.5 points less accuracy and higher ECE, and GRPO did not lose calibration here at
+all. What CAPO's mask does show: without it one seed in five collapsed into long, improbable endings;
+with it none did. Compare for yourself: capo-trl compare --methods grpo,capo (docs/results/)."""
+
+
 def demo(budget: Budget | None = None, method: str = "capo") -> dict:
     """Before/after accuracy and calibration of one method on the embedded default (CPU, minutes).
 
@@ -35,6 +45,7 @@ def demo(budget: Budget | None = None, method: str = "capo") -> dict:
     print(f"{'':>8} " + " ".join(f"{k:>15}" for k in HEADLINE))
     for when, values in report.items():
         print(f"{when:>8} " + " ".join(f"{values[k]:>15.4f}" for k in HEADLINE))
+    print(EVIDENCE)
     return report
 
 

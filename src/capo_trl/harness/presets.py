@@ -24,7 +24,8 @@ PAPER = dict(advantage_estimator="capo", tau=0.6, tau_mode="absolute", advantage
 PRESETS: dict[str, dict] = {
     "grpo": dict(advantage_estimator="grpo"),
     "capo": dict(EMBEDDED_METHOD),  # what `capo-trl train` trains the embedded model with
-    "capo-mask": {**EMBEDDED_METHOD, "noise_mask": True, "ref_thresholds": "auto"},
+    "capo-mask": {**EMBEDDED_METHOD, "noise_mask": True, "ref_thresholds": "auto"},  # = capo (older commands)
+    "capo-nomask": {**EMBEDDED_METHOD, "noise_mask": False},  # the length-hack ablation
     "capo-paper": PAPER,
     "grpo-mask": dict(advantage_estimator="grpo", noise_mask=True, ref_thresholds="auto"),
     # The methods CAPO is compared with (docs/baselines.md); method_config() already sets beta=0.
