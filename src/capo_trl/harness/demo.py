@@ -13,8 +13,8 @@ from .runs import HEADLINE, headline
 
 # What the evidence on this task supports (docs/results/README.md, "Powered comparison"): said after every demo.
 EVIDENCE = """
-What this shows and what it does not: RL raises accuracy and AUROC over the start model whatever the
-method. On this task CAPO does not beat GRPO on calibration: in a pre-registered comparison (6 seeds,
+What this shows and what it does not: RL raises accuracy and pooled AUROC over the start model
+whatever the method; per-question AUROC moves by a few hundredths either way from seed to seed. On this task CAPO does not beat GRPO on calibration: in a pre-registered comparison (6 seeds,
 600 steps, 1,024 test problems) CAPO's per-question AUROC was 0.023 below GRPO's (95% interval -0.049
 to +0.003), with 6.5 points less accuracy and higher ECE, and GRPO did not lose calibration here at
 all. What CAPO's mask does show: without it one seed in five collapsed into long, improbable endings;
