@@ -49,4 +49,8 @@ trainer.train()
 if acc.is_main_process:
     with open(result_path, "w") as f:
         json.dump({"num_processes": acc.num_processes, "checks": checks}, f)
-torch.distributed.barrier() if torch.distributed.is_initialized() else None
+if torch.distributed.is_initialized():
+    torch.distributed.barrier()
+    # gloo's threads still running at interpreter exit can abort a rank ("terminate called without an
+    # active exception", SIGABRT) after the work is done: tear the process group down first
+    torch.distributed.destroy_process_group()
