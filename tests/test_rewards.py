@@ -30,17 +30,24 @@ PATHOLOGICAL = {
 }
 
 
+def _started(r: MathReward) -> MathReward:
+    """The pool running: the first pool of a process warms the parser (~2 s) before it forks, which the
+    deadline tests must not time."""
+    r.grade([r"\boxed{x+1}"], ["1+x"])
+    return r
+
+
 @pytest.fixture(scope="module")
 def reward():
     with MathReward(timeout=5, workers=2) as r:
-        yield r
+        yield _started(r)
 
 
 @pytest.fixture(scope="module")
 def fast():
     """timeout=1 so that hangs are cut quickly."""
     with MathReward(timeout=1, workers=2) as r:
-        yield r
+        yield _started(r)
 
 
 def _benchmark_rows(name):

@@ -299,10 +299,7 @@ def recalibrate(result: EvalResult, calibration_samples: list[dict], method: str
     m = result.metrics
     m["ece_calibrated"], m["brier_calibrated"] = cal.ece(p, y, n_bins=n_bins), cal.brier(p, y)
     m["mean_probability"] = float(p.mean()) if p.size else float("nan")
-    bins = cal.reliability_bins(p, y, n_bins=n_bins)
-    result.curves["reliability_calibrated"] = {"edges": bins.edges.tolist(), "count": bins.count.tolist(),
-                                               "confidence": bins.confidence.tolist(),
-                                               "accuracy": bins.accuracy.tolist()}
+    result.curves["reliability_calibrated"] = _reliability_curve(p, y, n_bins)
     if calibrator.selective is not None:
         sel = calibrator.selective
         report = conf.selective_report(sel.threshold, p, y, confidence)
@@ -390,13 +387,18 @@ def compute_metrics(samples: list[dict], n: int, ks: list[int], equivalent, n_bi
     m["finished_frac"] = float(np.mean([r["finished"] for r in samples]))
     m["answered_frac"] = float(np.mean([r["extracted"] is not None for r in samples]))
     coverage, precision = cal.precision_coverage(s_flat, y_flat)
-    bins = cal.reliability_bins(p_flat, y_flat, n_bins=n_bins)
     curves = {
         "precision_coverage": {"coverage": coverage.tolist(), "precision": precision.tolist()},
-        "reliability": {"edges": bins.edges.tolist(), "count": bins.count.tolist(),
-                        "confidence": bins.confidence.tolist(), "accuracy": bins.accuracy.tolist()},
+        "reliability": _reliability_curve(p_flat, y_flat, n_bins),
     }
     return m, per_problem, curves
+
+
+def _reliability_curve(p: np.ndarray, y: np.ndarray, n_bins: int) -> dict:
+    """Reliability bins of probabilities ``p`` against outcomes ``y``, as the JSON report stores them."""
+    bins = cal.reliability_bins(p, y, n_bins=n_bins)
+    return {"edges": bins.edges.tolist(), "count": bins.count.tolist(), "confidence": bins.confidence.tolist(),
+            "accuracy": bins.accuracy.tolist()}
 
 
 def _first_grade(answers: list, grades: np.ndarray):

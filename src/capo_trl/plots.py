@@ -45,18 +45,22 @@ def precision_coverage(result, path) -> Path:
     return _save(fig, path)
 
 
-def reliability(result, path) -> Path:
-    """Reliability diagram of an EvalResult's exp(s): per-bin accuracy against the diagonal."""
-    bins = result.curves["reliability"]
+def _reliability_bars(ax, bins: dict, xlabel: str, title: str) -> None:
+    """Per-bin accuracy against the diagonal, on ``ax``."""
     edges = np.asarray(bins["edges"])
     acc = np.asarray(bins["accuracy"], dtype=float)
-    fig = new_figure()
-    ax = fig.add_subplot()
     ax.bar(edges[:-1], np.nan_to_num(acc), width=np.diff(edges), align="edge", edgecolor="black", alpha=0.7,
            label="accuracy")
     ax.plot([0, 1], [0, 1], color="gray", linestyle="--", label="perfect calibration")
-    ax.set(xlabel="confidence exp(s)", ylabel="accuracy", xlim=(0, 1), ylim=(0, 1),
-           title=f"reliability (ECE {result.metrics['ece']:.3f})")
+    ax.set(xlabel=xlabel, ylabel="accuracy", xlim=(0, 1), ylim=(0, 1), title=title)
+
+
+def reliability(result, path) -> Path:
+    """Reliability diagram of an EvalResult's exp(s): per-bin accuracy against the diagonal."""
+    fig = new_figure()
+    ax = fig.add_subplot()
+    _reliability_bars(ax, result.curves["reliability"], "confidence exp(s)",
+                      f"reliability (ECE {result.metrics['ece']:.3f})")
     ax.legend(loc="upper left")
     return _save(fig, path)
 
@@ -64,14 +68,11 @@ def reliability(result, path) -> Path:
 def reliability_before_after(result, path) -> Path:
     """Reliability of raw exp(s) and of the calibrated P(correct), side by side (``calibrate_on``)."""
     fig = new_figure(9.0, 3.8)
-    for ax, key, what, ece in zip(fig.subplots(1, 2), ("reliability", "reliability_calibrated"),
-                                  ("raw confidence exp(s)", f"calibrated ({result.config['calibrator']['method']})"),
-                                  (result.metrics["ece"], result.metrics["ece_calibrated"])):
-        bins = result.curves[key]
-        edges, acc = np.asarray(bins["edges"]), np.asarray(bins["accuracy"], dtype=float)
-        ax.bar(edges[:-1], np.nan_to_num(acc), width=np.diff(edges), align="edge", edgecolor="black", alpha=0.7)
-        ax.plot([0, 1], [0, 1], color="gray", linestyle="--")
-        ax.set(xlabel=what, ylabel="accuracy", xlim=(0, 1), ylim=(0, 1), title=f"ECE {ece:.3f}")
+    raw, fitted = fig.subplots(1, 2)
+    _reliability_bars(raw, result.curves["reliability"], "raw confidence exp(s)", f"ECE {result.metrics['ece']:.3f}")
+    _reliability_bars(fitted, result.curves["reliability_calibrated"],
+                      f"calibrated ({result.config['calibrator']['method']})",
+                      f"ECE {result.metrics['ece_calibrated']:.3f}")
     return _save(fig, path)
 
 

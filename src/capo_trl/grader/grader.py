@@ -66,9 +66,10 @@ class MathGrader:
     sends every completion to the workers: the reference path the shortcuts are tested against);
     the rest go to workers in chunks of up to 16 answers of one gold.
 
-    Deadlines: a worker task is killed at ``timeout + 1.5`` s (a chunk starts answers for at most
-    1 s, so each answer gets ``timeout + 0.5`` s from its start); the answers of a killed chunk are
-    then graded one per task, and one killed alone scores 0.0 (``timed_out``). A worker that dies
+    Deadlines: a task of one answer is killed at ``timeout + 0.5`` s, a chunk of several at
+    ``timeout + 1.5`` s (it starts answers for at most 1 s, so each gets ``timeout + 0.5`` s from its
+    start); the answers of a killed chunk are then graded one per task, and one killed alone scores
+    0.0 (``timed_out``). A worker that dies
     under a task (OOM killer, segfault) gets it retried once; a pool that wedges (a task lost by
     pebble: pending with no worker running any task for 1 s; or no task finishing for
     ``timeout + 2.5`` s) is stopped and rebuilt and its unfinished tasks retried once. An item that
@@ -209,7 +210,7 @@ class MathGrader:
 
     # ---- running tasks ----------------------------------------------------------------------
 
-    def _run(self, fn, arglists: list[tuple], held=(), on_done=None, extra: float = 0.0, size: int | None = None) -> list:
+    def _run(self, fn, arglists: list[tuple], held=(), on_done=None, extra=None, size: int | None = None) -> list:
         """Run ``fn(*args, timeout)`` per item within the deadlines; codes (KILLED, OOM, DIED) on failure.
 
         All items are submitted at once (workers stay busy) except ``held`` ones, which wait for
@@ -383,19 +384,20 @@ class MathGrader:
             else:
                 w.settle_each(answers, TIMED_OUT if res == KILLED else res)
 
-        self._run(_chunk_task, arglists, held, on_done, extra=_CHUNK_BUDGET, size=n)
-        with self._lock:
-            s = self._stats
-            s["worker_tasks"] += len(tasks)
+        def extra(args) -> float:  # a chunk of several answers may start them for _CHUNK_BUDGET s
+            return _CHUNK_BUDGET if len(args[0]) > 1 else 0.0
+
+        self._run(_chunk_task, arglists, held, on_done, extra=extra, size=n)
         for w in work.values():
             for code_ext, items in w.results():
                 for i in items:
                     codes[i], extracted[i] = code_ext
-            with self._lock:
-                for k, v in w.counts.items():
-                    self._stats[k] += v
         with self._lock:
             s = self._stats
+            s["worker_tasks"] += len(tasks)
+            for w in work.values():
+                for k, v in w.counts.items():
+                    s[k] += v
             for c in codes:
                 s["graded"] += 1
                 s["correct"] += c == CORRECT

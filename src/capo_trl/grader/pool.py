@@ -155,9 +155,10 @@ class _Batch:
     """One call: its tasks, each with a bounded wait, retried once when its worker dies or its
     pool wedges; ``on_done(batch, i, result)`` may release held items or add tasks."""
 
-    def __init__(self, reward: MathGrader, fn, arglists: list[tuple], held=(), on_done=None, extra: float = 0.0,
+    def __init__(self, reward: MathGrader, fn, arglists: list[tuple], held=(), on_done=None, extra=None,
                  size: int | None = None):
-        self.reward, self.fn, self.on_done, self.extra = reward, fn, on_done, extra
+        self.reward, self.fn, self.on_done = reward, fn, on_done
+        self.extra = extra or (lambda args: 0.0)  # seconds a task may run past timeout + grace, from its args
         self.args: list[tuple] = []
         self.out: list = []
         self._deaths: list[int] = []  # the worker died running it (retried once)
@@ -195,7 +196,8 @@ class _Batch:
         for attempt in (0, 1):
             workers = r._get_pool()
             try:
-                workers.submit(self.fn, (*self.args[i], r.timeout), r.timeout + _GRACE + self.extra, callback)
+                workers.submit(self.fn, (*self.args[i], r.timeout), r.timeout + _GRACE + self.extra(self.args[i]),
+                               callback)
                 self._where[i] = workers
                 return
             except RuntimeError:  # "pool not active": it broke between _get_pool and schedule
