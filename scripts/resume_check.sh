@@ -13,7 +13,7 @@ capo-trl train $ARGS --output_dir A > A.log 2>&1 || { echo "uninterrupted run fa
 capo-trl train $ARGS --output_dir B > B1.log 2>&1 &
 PID=$!
 deadline=$((SECONDS + 1800))
-while [ ! -f B/checkpoint-15/capo_state_0.pt ] && kill -0 $PID 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 1; done
+while [ ! -f B/checkpoint-15/capo_state.pt ] && kill -0 $PID 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 1; done
 sleep 2; kill -9 $PID 2>/dev/null; wait $PID 2>/dev/null
 echo "killed after: $(ls -d B/checkpoint-* | tr '\n' ' ')"
 capo-trl train $ARGS --output_dir B --resume_from_checkpoint last > B2.log 2>&1 || { echo "resume failed: see $WORK/B2.log"; exit 1; }

@@ -63,7 +63,7 @@ def test_resume_equals_uninterrupted(setting, tiny_model_dir, tmp_path):
     stopped = make(tiny_model_dir, tmp_path / "stopped", **overrides)
     stopped.add_callback(StopAt(2))
     stopped.train()
-    assert stopped.state.global_step == 2 and (tmp_path / "stopped" / "checkpoint-2" / CAPO_STATE.format(0)).is_file()
+    assert stopped.state.global_step == 2 and (tmp_path / "stopped" / "checkpoint-2" / CAPO_STATE).is_file()
     if setting == "mask-auto":
         assert stopped._mask.measured is not None  # there is state to lose
     if setting == "codapo-replay":
@@ -86,7 +86,7 @@ def test_checkpoint_without_capo_state_warns(tiny_model_dir, tmp_path):
     """A checkpoint written without CAPO's state (older version) resumes, but says what starts afresh."""
     trainer = make(tiny_model_dir, tmp_path / "run", max_steps=2, **SETTINGS["mask-auto"])
     trainer.train()
-    (tmp_path / "run" / "checkpoint-2" / CAPO_STATE.format(0)).unlink()
+    (tmp_path / "run" / "checkpoint-2" / CAPO_STATE).unlink()
     again = make(tiny_model_dir, tmp_path / "run", max_steps=3, **SETTINGS["mask-auto"])
     with pytest.warns(UserWarning, match="measured mask thresholds.*start afresh"):
         again.train(resume_from_checkpoint=True)

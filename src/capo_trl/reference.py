@@ -8,12 +8,13 @@ second forward), and reference scores of completions seen before come from an LR
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from collections import OrderedDict
 from contextlib import contextmanager
 
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from trl.models import prepare_deepspeed, prepare_fsdp
 from trl.trainer.utils import add_fused_lm_head, create_model_from_path, disable_dropout_in_model
 
@@ -84,6 +85,32 @@ class RolloutLogprobRecorder(LogitsProcessor):
         return out
 
 
+# GenerationConfig fields whose logits processors transformers runs *before* a custom one (its
+# ``_get_logits_processor``), with their neutral values: any other value changes the scores the
+# recorder sees, so what it records would no longer be TRL's log softmax(logits / T).
+PRE_CUSTOM_PROCESSORS = {
+    "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0, "bad_words_ids": None, "min_length": 0, "min_new_tokens": 0,
+    "sequence_bias": None, "guidance_scale": 1.0, "forced_bos_token_id": None, "forced_eos_token_id": None,
+    "exponential_decay_length_penalty": None, "suppress_tokens": None, "begin_suppress_tokens": None,
+    "remove_invalid_values": False,
+}
+
+
+def distribution_changes(config: GenerationConfig | None, model_config: GenerationConfig | None = None) -> list[str]:
+    """The settings that make the recorder inexact: ``config``'s (TRL's), or the model's own where
+    ``config`` leaves a field unset (``generate`` fills those from the model's generation config)."""
+    changed = []
+    for name, neutral in PRE_CUSTOM_PROCESSORS.items():
+        value = getattr(config, name, None)
+        if value is None:
+            value = getattr(model_config, name, None)
+        if value is None or value == neutral or (isinstance(value, (list, tuple, dict)) and not value):
+            continue
+        changed.append(f"{name}={value!r}")
+    return changed
+
+
 def sequence_keys(prompt_ids, prompt_mask, completion_ids, loss_mask) -> list[bytes]:
     """A collision-resistant key per row: the unpadded prompt, the completion and its loss mask."""
     keys = []
@@ -148,11 +175,62 @@ class ReferenceScoreCache:
                 if keys else torch.zeros(0, key_size, dtype=torch.uint8),
                 "values": torch.tensor(list(self._data.values()), dtype=torch.float64)}
 
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Restore :meth:`state_dict`'s entries (the most recent ``max_size`` of them)."""
-        self._data.clear()
+    def load_state_dict(self, state: dict[str, torch.Tensor], merge: bool = False) -> None:
+        """Restore :meth:`state_dict`'s entries (the most recent ``max_size`` of them); ``merge`` keeps the current ones."""
+        if not merge:
+            self._data.clear()
         for key, value in zip(state["keys"], state["values"].tolist()):
             self.put(bytes(key.tolist()), value)
+
+
+def snapshot(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of the initial policy, taken before TRL patches or trains ``model``.
+
+    Under ZeRO-3 a model loaded after the DeepSpeed config exists is already partitioned (every
+    parameter has numel 0 on this process), and a deep copy would copy the empty shards: gather the
+    full parameters once, into a fresh unpartitioned model that :func:`build_reference` partitions anew.
+    """
+    partitioned = [p for p in model.parameters() if hasattr(p, "ds_id")]
+    if not partitioned:
+        return copy.deepcopy(model)
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(partitioned, modifier_rank=None):
+        state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    ref = type(model)(copy.deepcopy(model.config))  # a plain constructor: no zero.Init, full tensors
+    ref.load_state_dict(state, strict=False)  # tied weights appear once in the state dict
+    ref.tie_weights()
+    return ref.to(next(iter(state.values())).dtype)
+
+
+def add_reference_adapter(model) -> None:
+    """A frozen copy of a PeftModel's active adapter as adapter ``"ref"``: the initial policy is base + adapter.
+
+    Disabling the adapter gives the base model, which is the initial policy only for a fresh adapter
+    (LoRA's B starts at zero); an already trained one must be copied. TRL does the same when beta > 0.
+    """
+    name = model.active_adapter
+    model.add_adapter("ref", model.peft_config[name])
+    for param_name, param in model.named_parameters():
+        if f".{name}." in param_name:
+            ref = model.get_parameter(param_name.replace(f".{name}.", ".ref."))
+            ref.data.copy_(param.data)
+            ref.requires_grad_(False)
+
+
+def shard_blocks(model: torch.nn.Module, **fully_shard_kwargs) -> int:
+    """FSDP2-shard each decoder block (``model._no_split_modules``) on its own; returns how many.
+
+    ``fully_shard`` on the root alone (TRL's ``prepare_fsdp``) makes one unit of the whole model, so
+    every forward gathers all of it on every process. One unit per block gathers one block at a time.
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    for block in blocks:
+        fully_shard(block, **fully_shard_kwargs)
+    return len(blocks)
 
 
 def build_reference(trainer, source) -> torch.nn.Module:
@@ -176,5 +254,13 @@ def build_reference(trainer, source) -> torch.nn.Module:
     if trainer.is_deepspeed_enabled:
         return prepare_deepspeed(ref, trainer.accelerator)
     if trainer.is_fsdp_enabled:
-        return prepare_fsdp(ref, trainer.accelerator)
+        plugin = trainer.accelerator.state.fsdp_plugin
+        if plugin.fsdp_version == 2:
+            from torch.distributed.fsdp import MixedPrecisionPolicy
+
+            mesh = getattr(trainer.accelerator, "torch_device_mesh", None)
+            dims = tuple(trainer.accelerator.parallelism_config.fsdp_dim_names) if mesh is not None else None
+            shard_blocks(ref, mesh=mesh[dims] if mesh is not None else None, reshard_after_forward=True,
+                         mp_policy=plugin.mixed_precision_policy or MixedPrecisionPolicy())
+        return prepare_fsdp(ref, trainer.accelerator)  # the root (and FSDP1's auto-wrap) as TRL does
     return trainer.accelerator.prepare_model(ref, evaluation_mode=True)

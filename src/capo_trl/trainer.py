@@ -15,8 +15,6 @@ It wraps (never copies) these GRPOTrainer / Trainer methods, calling ``super()``
 
 from __future__ import annotations
 
-import copy
-import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,15 +25,14 @@ import trl
 from accelerate.utils import gather_object, is_peft_model
 from packaging.version import Version
 from trl import GRPOTrainer
-from trl.models.utils import disable_gradient_checkpointing
-from trl.trainer.utils import get_config_model_id, pad, use_adapter
+from trl.trainer.utils import get_config_model_id, pad
 
-from .advantages import mean_token_logprob, within_group_std
+from .advantages import within_group_std
 from .checkpoint import CheckpointedState
 from .checks import check_dataset_size, check_prompt_lengths
 from .config import MASK_FREE_NORMALISER, CAPOConfig
 from .errors import UsageError
-from .losses import FORWARD_KEYS, MethodLosses
+from .losses import MethodLosses
 from .mask import NoiseMask
 from .methods import AdvantageInputs, Rollout, resolve_method
 from .methods.base import verbalized_inputs
@@ -44,9 +41,12 @@ from .monitor import rollout_metrics
 from .reference import (
     ReferenceScoreCache,
     RolloutLogprobRecorder,
+    add_reference_adapter,
     build_reference,
-    sequence_keys,
+    distribution_changes,
+    snapshot,
 )
+from .scoring import ReferenceScoring
 
 if TYPE_CHECKING:  # the constructor's annotations (GRPOTrainer's parameters), without importing these at runtime
     from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict
@@ -87,7 +87,7 @@ class StepRecord:
     keep: torch.Tensor | None = None  # (N_global,) the mask's verdict, None when it is off
 
 
-class CAPOTrainer(CheckpointedState, MethodLosses, GRPOTrainer):
+class CAPOTrainer(CheckpointedState, MethodLosses, ReferenceScoring, GRPOTrainer):
     """Calibration-Aware Policy Optimization (Wang et al., ACL 2026) as a drop-in `GRPOTrainer`.
 
     Same constructor as [`trl.GRPOTrainer`]; pass a [`CAPOConfig`]. With the default
@@ -128,11 +128,13 @@ class CAPOTrainer(CheckpointedState, MethodLosses, GRPOTrainer):
             )
         check_dataset_size(train_dataset, args)  # before any model is loaded
         self._quantization_config = quantization_config
-        needs_own_ref = bool(args.noise_mask) and args.beta == 0.0 and peft_config is None and (
-            isinstance(model, str) or not is_peft_model(model)
-        )
+        mask_needs_ref = bool(args.noise_mask) and args.beta == 0.0
+        given_peft = not isinstance(model, str) and is_peft_model(model)
+        needs_own_ref = mask_needs_ref and peft_config is None and not given_peft
         # The reference is the *initial* policy: copy an in-memory model before TRL patches or trains it.
-        ref_source = copy.deepcopy(model) if needs_own_ref and not isinstance(model, str) else model
+        ref_source = snapshot(model) if needs_own_ref and not isinstance(model, str) else model
+        if mask_needs_ref and given_peft and "ref" not in model.peft_config:
+            add_reference_adapter(model)  # a trained adapter is part of the initial policy (TRL: only at beta > 0)
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, processing_class,
                          reward_processing_classes, callbacks, optimizers, quantization_config, peft_config, tools,
                          rollout_func, environment_factory)
@@ -141,7 +143,10 @@ class CAPOTrainer(CheckpointedState, MethodLosses, GRPOTrainer):
         self._ref_cache_usable = args.ref_cache_size > 0 and not (self._dist.is_zero3 or self.is_fsdp_enabled)
         self._record = StepRecord()
         self._mask = NoiseMask(args) if args.noise_mask else None
-        exact = args.loss_type in MASK_FREE_NORMALISER and args.beta == 0.0 and args.top_entropy_quantile == 1.0
+        # TRL averages an entropy bonus over the mask's kept rows, so unscored (kept) tied rows would change it
+        entropy_bonus = args.entropy_coef != 0.0 or args.use_adaptive_entropy
+        exact = (args.loss_type in MASK_FREE_NORMALISER and args.beta == 0.0 and args.top_entropy_quantile == 1.0
+                 and not entropy_bonus)
         self._ref_scoring = args.ref_scoring if args.ref_scoring != "auto" else "needed" if exact else "all"
         self._loss_inputs = None  # the micro-batch whose loss is being computed, for the token_logps hook
         self.method = resolve_method(args.advantage_estimator)(args)
@@ -186,14 +191,15 @@ class CAPOTrainer(CheckpointedState, MethodLosses, GRPOTrainer):
         return completion_ids, logprobs
 
     def _records_rollout_logps(self) -> bool:
-        """Record during plain transformers sampling, unless TRL computes the old log-probs anyway."""
+        """Record during plain transformers sampling, unless TRL computes the old log-probs anyway, or a
+        logits processor that runs before the recorder changes the distribution (then one forward scores)."""
         generate_every = self.args.steps_per_generation * self.num_iterations
         trl_scores_rollout = self.args.gradient_accumulation_steps % generate_every != 0
-        penalty = getattr(self.generation_config, "repetition_penalty", None)
-        return not (
-            self.use_vllm or self.use_transformers_continuous_batching or self.tools or self.rollout_func
-            or trl_scores_rollout or penalty not in (None, 1.0)
-        )
+        if (self.use_vllm or self.use_transformers_continuous_batching or self.tools or self.rollout_func
+                or trl_scores_rollout):
+            return False  # with vLLM TRL sets no generation_config at all
+        model_config = getattr(self.accelerator.unwrap_model(self.model), "generation_config", None)
+        return not distribution_changes(self.generation_config, model_config)
 
     def _generate_and_score_completions(self, inputs):
         self._record = record = StepRecord()
@@ -301,90 +307,6 @@ class CAPOTrainer(CheckpointedState, MethodLosses, GRPOTrainer):
         weights = self.reward_weights.to(per_func.device).unsqueeze(0)
         total = (per_func * weights).nansum(dim=1)
         return total.masked_fill(torch.isnan(per_func).all(dim=1), float("nan"))
-
-    def _forward_logps(self, model, out, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """One no-grad forward through TRL's own log-prob routine (same temperature and masking as the loss)."""
-        take = (lambda t: t) if rows is None else (lambda t: t[rows])
-        input_ids = torch.cat([take(out["prompt_ids"]), take(out["completion_ids"])], dim=1)
-        attention_mask = torch.cat([take(out["prompt_mask"]), take(out["completion_mask"])], dim=1)
-        extra = {k: out[k] for k in FORWARD_KEYS if k in out}
-        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-            logps, _, _ = self._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, out["completion_ids"].size(1),
-                batch_size=self.args.per_device_train_batch_size, **extra,
-            )
-        return logps
-
-    def _rollout_scores(self, out, loss_mask, record: StepRecord) -> torch.Tensor:
-        """s_i under the policy that sampled: TRL's old log-probs, else the recorded ones, else a forward."""
-        if "old_per_token_logps" in out:
-            per_token = out["old_per_token_logps"]
-        elif record.rollout_logps is not None:
-            width = out["completion_ids"].size(1)
-            per_token = torch.zeros(len(record.rollout_logps), width, device=loss_mask.device)
-            for i, row in enumerate(record.rollout_logps):
-                per_token[i, : len(row)] = torch.tensor(row[:width])
-        else:
-            per_token = self._forward_logps(self.model, out)
-        return mean_token_logprob(per_token, loss_mask)
-
-    def _ref_rows(self, out, advantages: torch.Tensor, mode: str) -> torch.Tensor | None:
-        """Global rows whose reference score can change the loss (``ref_scoring``); None: every row."""
-        if self._ref_scoring == "all" or "ref_per_token_logps" in out:
-            return None
-        if self.args.ref_thresholds == "auto" and self._mask.measured is None:
-            return None  # the quartile rule measures on every completion
-        return advantages != 0 if advantages.dim() == 1 else (advantages != 0).any(dim=1)
-
-    def _reference_ppl(self, out, loss_mask, record: StepRecord, advantages, local: slice, mode: str) -> torch.Tensor:
-        """Reference perplexity of the global batch; NaN (kept by the mask) where ``ref_scoring`` skipped it."""
-        rows = self._ref_rows(out, advantages, mode)
-        ref = self.accelerator.gather(self._reference_scores(out, loss_mask, record, None if rows is None else rows[local]))
-        if rows is not None:
-            more = self._mask.unresolved(record.rewards, torch.exp(-ref))  # the guard's decision hangs on them
-            if more.any():
-                ref = torch.where(more, self.accelerator.gather(self._reference_scores(out, loss_mask, record,
-                                                                                       more[local])), ref)
-            self._metrics[mode]["capo/ref_scored_frac"].append(torch.isfinite(ref).float().mean().item())
-        return torch.exp(-ref)
-
-    def _reference_scores(self, out, loss_mask, record: StepRecord, want: torch.Tensor | None = None) -> torch.Tensor:
-        """Mean token log-prob under the reference: TRL's when beta > 0, else cached or one forward.
-
-        ``want``: score only these rows (the others stay NaN).
-        """
-        if "ref_per_token_logps" in out:
-            return mean_token_logprob(out["ref_per_token_logps"], loss_mask)
-        n = loss_mask.size(0)
-        want = torch.ones(n, dtype=torch.bool) if want is None else want.cpu()
-        if record.ref_cache_start is None:
-            record.ref_cache_start = (self._ref_cache.hits, self._ref_cache.lookups)
-        scores = torch.full((n,), float("nan"), device=loss_mask.device)
-        multimodal = any(k in out for k in FORWARD_KEYS)
-        cached = self._ref_cache_usable and not multimodal
-        keys = sequence_keys(out["prompt_ids"], out["prompt_mask"], out["completion_ids"], loss_mask) if cached else []
-        if cached:
-            for i, key in enumerate(keys):
-                hit = self._ref_cache.get(key) if want[i] else None
-                if hit is not None:
-                    scores[i] = hit
-        missing = (torch.isnan(scores).cpu() & want).nonzero().squeeze(1).to(loss_mask.device)
-        if missing.numel() == 0:
-            return scores
-        rows = None if missing.numel() == n else missing
-        if self._capo_ref_model is not None:
-            logps = self._forward_logps(self._capo_ref_model, out, rows)
-        else:  # PEFT: the base model with the adapter disabled (or TRL's "ref" adapter when present)
-            unwrapped = self.accelerator.unwrap_model(self.model)
-            with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None):
-                logps = self._forward_logps(self.model, out, rows)
-        fresh = mean_token_logprob(logps, loss_mask[missing])
-        scores[missing] = fresh
-        if cached:
-            for i, value in zip(missing.tolist(), fresh.tolist()):
-                if not math.isnan(value):
-                    self._ref_cache.put(keys[i], value)
-        return scores
 
     # ----------------------------------------------------------------------------------- logging
     def _replace_logged_advantages(self, advantages: torch.Tensor) -> None:

@@ -80,6 +80,24 @@ class CoDaPOReplay:
     def load_state_dict(self, state: dict) -> None:
         self.pending, self.deferred, self.replaying = state["pending"], deque(state["deferred"]), state["replaying"]
 
+    @staticmethod
+    def reshard(states: list[dict], process_index: int, num_processes: int, local_size: int) -> dict:
+        """Process ``process_index`` of ``num_processes``'s state from the states of another number of processes.
+
+        ``pending`` is global (every process holds the same); deferred batch k of the run is the
+        processes' k-th local batches in process order, re-split into slices of ``local_size``.
+        """
+        deferred = []
+        for k in range(len(states[0]["deferred"])):
+            rows = [row for state in states for row in state["deferred"][k]]
+            if len(rows) != local_size * num_processes:
+                raise ValueError(
+                    f"CoDaPO's deferred generation batch has {len(rows)} rows, which {num_processes} processes of "
+                    f"{local_size} (per_device_train_batch_size x steps_per_generation) cannot split: keep the global "
+                    "batch size when resuming on another number of processes.")
+            deferred.append(rows[process_index * local_size:(process_index + 1) * local_size])
+        return {"pending": states[0]["pending"], "deferred": deferred, "replaying": states[0]["replaying"]}
+
     def observe(self, batch: AdvantageInputs, global_rows: list) -> dict[str, float]:
         """Plan the replay of a normal batch (global rows, contiguous groups). Logs whether this batch
         was a replay and how many questions were selected (0 after a replay, which is never replayed)."""

@@ -1,0 +1,139 @@
+"""Scoring completions for CAPO: ``s`` under the rollout policy, and the reference perplexity of the mask.
+
+A mixin of :class:`~capo_trl.CAPOTrainer`. Every forward goes through TRL's own log-prob routine
+(same temperature and masking as the loss). Under ZeRO-3 and FSDP every forward through a sharded
+model gathers parameters from all processes, so when only some rows are scored
+(``ref_scoring="needed"``) each process still runs the same number of forwards: see
+:func:`collective_rows`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from trl.models.utils import disable_gradient_checkpointing
+from trl.trainer.utils import use_adapter
+
+from .advantages import mean_token_logprob
+from .losses import FORWARD_KEYS
+from .reference import sequence_keys
+
+
+def collective_rows(want: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """``want`` widened with unwanted rows until it selects ``counts.max()`` rows (``counts``: every process's).
+
+    TRL's forward runs one chunk per ``batch_size`` rows, so equal row counts mean equal numbers of
+    parameter all-gathers on every process: none waits for a forward another never runs. The extra
+    rows are scored too (a sharded forward costs the same either way) and simply unused.
+    """
+    target = int(counts.max())
+    missing = target - int(want.sum())
+    if missing <= 0:
+        return want
+    out = want.clone()
+    out[(~want).nonzero().squeeze(1)[:missing]] = True
+    return out
+
+
+class ReferenceScoring:
+    """Mixin for :class:`~capo_trl.CAPOTrainer`: the policy's and the reference's scores of a batch."""
+
+    @property
+    def _sharded(self) -> bool:
+        """Forwards through the model are collectives (ZeRO-3 or FSDP)."""
+        return bool(self._dist.is_zero3 or self.is_fsdp_enabled)
+
+    def _forward_logps(self, model, out, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """One no-grad forward through TRL's own log-prob routine (same temperature and masking as the loss)."""
+        extra = {k: out[k] for k in FORWARD_KEYS if k in out}
+        if rows is not None and extra:
+            raise ValueError("multimodal inputs (images) are not per row: score every row (rows=None)")
+        take = (lambda t: t) if rows is None else (lambda t: t[rows])
+        input_ids = torch.cat([take(out["prompt_ids"]), take(out["completion_ids"])], dim=1)
+        attention_mask = torch.cat([take(out["prompt_mask"]), take(out["completion_mask"])], dim=1)
+        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            logps, _, _ = self._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, out["completion_ids"].size(1),
+                batch_size=self.args.per_device_train_batch_size, **extra,
+            )
+        return logps
+
+    def _rollout_scores(self, out, loss_mask, record) -> torch.Tensor:
+        """s_i under the policy that sampled: TRL's old log-probs, else the recorded ones, else a forward."""
+        if "old_per_token_logps" in out:
+            per_token = out["old_per_token_logps"]
+        elif record.rollout_logps is not None:
+            width = out["completion_ids"].size(1)
+            per_token = torch.zeros(len(record.rollout_logps), width, device=loss_mask.device)
+            for i, row in enumerate(record.rollout_logps):
+                per_token[i, : len(row)] = torch.tensor(row[:width])
+        else:
+            per_token = self._forward_logps(self.model, out)
+        return mean_token_logprob(per_token, loss_mask)
+
+    def _ref_rows(self, out, advantages: torch.Tensor, mode: str) -> torch.Tensor | None:
+        """Global rows whose reference score can change the loss (``ref_scoring``); None: every row."""
+        if self._ref_scoring == "all" or "ref_per_token_logps" in out:
+            return None
+        if any(k in out for k in FORWARD_KEYS):
+            return None  # images are not sliced per row (pixel_values are per image): score every row
+        if self.args.ref_thresholds == "auto" and self._mask.measured is None:
+            return None  # the quartile rule measures on every completion
+        return advantages != 0 if advantages.dim() == 1 else (advantages != 0).any(dim=1)
+
+    def _reference_ppl(self, out, loss_mask, record, advantages, local: slice, mode: str) -> torch.Tensor:
+        """Reference perplexity of the global batch; NaN (kept by the mask) where ``ref_scoring`` skipped it."""
+        rows = self._ref_rows(out, advantages, mode)
+        gather = self.accelerator.gather
+        ref = gather(self._reference_scores(out, loss_mask, record, None if rows is None else rows[local]))
+        if rows is not None:
+            more = self._mask.unresolved(record.rewards, torch.exp(-ref))  # the guard's decision hangs on them
+            if more.any():  # the same answer on every process: `more` is global
+                ref = torch.where(more, gather(self._reference_scores(out, loss_mask, record, more[local])), ref)
+            self._metrics[mode]["capo/ref_scored_frac"].append(torch.isfinite(ref).float().mean().item())
+        return torch.exp(-ref)
+
+    def _reference_scores(self, out, loss_mask, record, want: torch.Tensor | None = None) -> torch.Tensor:
+        """Mean token log-prob under the reference: TRL's when beta > 0, else cached or one forward.
+
+        ``want``: score only these rows (the others stay NaN).
+        """
+        if "ref_per_token_logps" in out:
+            return mean_token_logprob(out["ref_per_token_logps"], loss_mask)
+        n = loss_mask.size(0)
+        want = torch.ones(n, dtype=torch.bool) if want is None else want.cpu()
+        if record.ref_cache_start is None:
+            record.ref_cache_start = (self._ref_cache.hits, self._ref_cache.lookups)
+        scores = torch.full((n,), float("nan"), device=loss_mask.device)
+        multimodal = any(k in out for k in FORWARD_KEYS)
+        cached = self._ref_cache_usable and not multimodal
+        keys = sequence_keys(out["prompt_ids"], out["prompt_mask"], out["completion_ids"], loss_mask) if cached else []
+        if cached:
+            for i, key in enumerate(keys):
+                hit = self._ref_cache.get(key) if want[i] else None
+                if hit is not None:
+                    scores[i] = hit
+        todo = forward = torch.isnan(scores).cpu() & want
+        if self._sharded:  # the cache is off here: widen the forward to every process's row count
+            counts = self.accelerator.gather(torch.tensor([int(todo.sum())], device=loss_mask.device))
+            forward = collective_rows(todo, counts.cpu())
+        missing = forward.nonzero().squeeze(1).to(loss_mask.device)
+        if missing.numel() == 0:
+            return scores
+        rows = None if missing.numel() == n else missing
+        if self._capo_ref_model is not None:
+            logps = self._forward_logps(self._capo_ref_model, out, rows)
+        else:  # PEFT: the "ref" adapter (a frozen copy of the initial one), or the base model for a fresh adapter
+            unwrapped = self.accelerator.unwrap_model(self.model)
+            with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None):
+                logps = self._forward_logps(self.model, out, rows)
+        fresh = mean_token_logprob(logps, loss_mask[missing])
+        used = todo[forward]  # rows scored only to keep the forwards collective stay NaN, as without sharding
+        missing, fresh = missing[used.to(missing.device)], fresh[used.to(fresh.device)]
+        scores[missing] = fresh
+        if cached:
+            for i, value in zip(missing.tolist(), fresh.tolist()):
+                if not math.isnan(value):
+                    self._ref_cache.put(keys[i], value)
+        return scores
