@@ -1,9 +1,11 @@
-"""CAPO vs GRPO step cost on one GPU, with a mid-size model of a real architecture and no download.
+"""CAPO vs GRPO step cost on one GPU, in bf16, with a model of a real size and no download.
 
-Builds a randomly initialised Qwen2 (~170M parameters) and a synthetic byte-level tokenizer from
-configs, saves them to a temp dir, and trains the same few steps with ``advantage_estimator="capo"``
-(noise mask on, so the frozen reference copy and its forward are paid for) and ``"grpo"``. Reports
-median step time, tokens/s, peak GPU memory and the CAPO/GRPO ratios, and writes them as JSON.
+Builds a randomly initialised Qwen2 with Qwen2.5-0.5B's shape (~494M parameters) and a synthetic
+byte-level tokenizer from configs, saves them to a temp dir, and trains the same few steps in each
+variant: GRPO; CAPO without the mask (no reference forward); CAPO with the mask (a frozen reference
+copy and its forward); both with a LoRA adapter (the reference is the adapter-disabled base); and
+CAPO with the mask under single-process DeepSpeed ZeRO-3 (the reference partitioned too). Reports
+median step time, tokens/s, peak GPU memory and the ratios to GRPO of the same kind, as one JSON.
 
 Why random weights: the check measures what CAPO adds to a step (reference forward, scoring, the
 advantage), which does not depend on what the model knows; a download is not possible on the target
@@ -36,10 +38,10 @@ from transformers import Qwen2Config, Qwen2ForCausalLM, TrainerCallback  # noqa:
 
 from capo_trl import CAPOConfig, CAPOTrainer  # noqa: E402
 
-# hidden 1024, 12 layers, 16 heads of 64 (4 KV heads), vocab 32768: ~170M parameters, Qwen2 as shipped.
+# Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 KV heads, vocab 151936): ~494M parameters.
 SIZES = {
-    "mid": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16,
-                num_key_value_heads=4, vocab_size=32768),
+    "real": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                 num_key_value_heads=2, vocab_size=151936),
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=512),
 }
@@ -111,11 +113,42 @@ class StepTimer(TrainerCallback):
         self.times.append(time.perf_counter() - self._start)
 
 
-def run_method(estimator: str, model_path: str, out_dir: Path, opts) -> dict:
-    """Train ``warmup + steps`` steps with one estimator; statistics over the steps after warm-up."""
+# name: (estimator, noise mask, LoRA, ZeRO-3); each CAPO variant is compared with the GRPO of its kind
+VARIANTS = {
+    "grpo": ("grpo", False, False, False),
+    "capo_nomask": ("capo", False, False, False),
+    "capo": ("capo", True, False, False),
+    "grpo_lora": ("grpo", False, True, False),
+    "capo_lora": ("capo", True, True, False),
+    "capo_zero3": ("capo", True, False, True),  # last: DeepSpeed's config stays live in the process
+}
+BASELINE = {"capo_nomask": "grpo", "capo": "grpo", "capo_lora": "grpo_lora", "capo_zero3": "grpo"}
+
+
+def zero3_config(cpu: bool) -> dict:
+    """Single-process ZeRO-3 (no offload): the reference copy is partitioned like the policy."""
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+        os.environ.setdefault(name, value)
+    if cpu:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    return {"zero_optimization": {"stage": 3}, "bf16": {"enabled": not cpu},
+            "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"}
+
+
+def run_method(variant: str, model_path: str, out_dir: Path, opts) -> dict:
+    """Train ``warmup + steps`` steps of one variant; statistics over the steps after warm-up."""
+    estimator, mask, lora, zero3 = VARIANTS[variant]
     cpu = opts.cpu_smoke
+    peft_config = None
+    if lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
     args = CAPOConfig(
-        output_dir=str(out_dir), advantage_estimator=estimator, noise_mask=estimator == "capo",
+        output_dir=str(out_dir), advantage_estimator=estimator, noise_mask=mask,
+        deepspeed=zero3_config(cpu) if zero3 else None,
         ref_high=1e9, ref_low=1.0,  # the mask and its reference forward run, but a random model's PPL drops nothing
         per_device_train_batch_size=opts.prompts * opts.num_generations, num_generations=opts.num_generations,
         max_completion_length=opts.completion_length, max_steps=opts.warmup + opts.steps, learning_rate=1e-6,
@@ -128,7 +161,8 @@ def run_method(estimator: str, model_path: str, out_dir: Path, opts) -> dict:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    trainer = CAPOTrainer(model=model_path, reward_funcs=coin_reward, args=args, train_dataset=dataset)
+    trainer = CAPOTrainer(model=model_path, reward_funcs=coin_reward, args=args, train_dataset=dataset,
+                          peft_config=peft_config)
     timer = StepTimer()
     trainer.add_callback(timer)
     trainer.train()
@@ -138,13 +172,18 @@ def run_method(estimator: str, model_path: str, out_dir: Path, opts) -> dict:
     times, toks = timer.times[measured], tokens[measured]
     step_time = statistics.median(times) if times else float("nan")
     result = {
+        "variant": variant,
         "estimator": estimator,
+        "noise_mask": mask,
+        "lora": lora,
+        "zero3": zero3,
         "steps_measured": len(times),
         "step_time_s": step_time,
         "step_times_s": times,
         "tokens_per_step": statistics.median(toks) if toks else float("nan"),
         "tokens_per_s": (sum(toks) / sum(times)) if times and sum(times) > 0 else float("nan"),
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
+        "deepspeed": trainer.is_deepspeed_enabled,
         "has_reference_copy": trainer._capo_ref_model is not None,
         "ref_ppl_logged": any("capo/ref_ppl_mean" in row for row in trainer.state.log_history),
         "final_step": trainer.state.global_step,
@@ -164,6 +203,8 @@ def main(argv=None) -> int:
     parser.add_argument("--num-generations", type=int, default=8)
     parser.add_argument("--completion-length", type=int, default=None, help="max new tokens (default 256; smoke 8)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"comma-separated subset of {', '.join(VARIANTS)}")
     opts = parser.parse_args(argv)
     smoke = opts.cpu_smoke
     opts.steps = opts.steps if opts.steps is not None else (1 if smoke else 5)
@@ -181,9 +222,22 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
-        model_path, n_params = build_model(Path(tmp) / "model", "tiny" if smoke else "mid", opts.seed)
-        results = {m: run_method(m, model_path, Path(tmp) / m, opts) for m in ("grpo", "capo")}
-    capo, grpo = results["capo"], results["grpo"]
+        model_path, n_params = build_model(Path(tmp) / "model", "tiny" if smoke else "real", opts.seed)
+        results = {}
+        for name in [v for v in VARIANTS if v in opts.variants.split(",")]:
+            try:
+                results[name] = run_method(name, model_path, Path(tmp) / name, opts)
+            except Exception as err:  # noqa: BLE001 - one failing variant must not lose the others' numbers
+                results[name] = {"variant": name, "error": f"{type(err).__name__}: {err}"[:2000]}
+                print(f"gpu_check: {name} failed: {results[name]['error']}", file=sys.stderr)
+
+    def ratio(a, b, key):
+        x, y = results.get(a, {}).get(key), results.get(b, {}).get(key)
+        return x / y if x and y else None
+
+    ratios = {f"{name}_over_{base}": {"step_time": ratio(name, base, "step_time_s"),
+                                       "peak_memory": ratio(name, base, "peak_memory_gib")}
+              for name, base in BASELINE.items() if name in results and base in results}
     report = {
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() and not smoke else "cpu",
         "mode": "cpu-smoke" if smoke else "gpu",
@@ -191,23 +245,25 @@ def main(argv=None) -> int:
         "settings": {k: getattr(opts, k) for k in ("steps", "warmup", "prompts", "num_generations",
                                                    "completion_length", "seed")},
         "results": results,
-        "capo_over_grpo_step_time": capo["step_time_s"] / grpo["step_time_s"],
-        "capo_over_grpo_peak_memory": (capo["peak_memory_gib"] / grpo["peak_memory_gib"]
-                                       if capo["peak_memory_gib"] and grpo["peak_memory_gib"] else None),
+        "ratios": ratios,
         "wall_s": time.time() - started,
     }
     (out / "gpu_check.json").write_text(json.dumps(report, indent=2))
     print(f"gpu_check ({report['mode']}, {report['device']}, {n_params / 1e6:.0f}M parameters, "
           f"{opts.prompts} prompts x {opts.num_generations} completions of <= {opts.completion_length} tokens)")
-    print(f"{'method':>6} {'step s':>8} {'tokens/s':>10} {'peak GiB':>9}")
-    for name in ("grpo", "capo"):
-        r = results[name]
+    print(f"{'variant':>12} {'step s':>8} {'tokens/s':>10} {'peak GiB':>9}")
+    for name, r in results.items():
+        if "error" in r:
+            print(f"{name:>12} failed: {r['error'][:100]}")
+            continue
         mem = f"{r['peak_memory_gib']:.2f}" if r["peak_memory_gib"] is not None else "-"
-        print(f"{name:>6} {r['step_time_s']:8.3f} {r['tokens_per_s']:10.0f} {mem:>9}")
-    ratio_mem = report["capo_over_grpo_peak_memory"]
-    print(f"CAPO/GRPO step time {report['capo_over_grpo_step_time']:.3f}x"
-          + (f", peak memory {ratio_mem:.3f}x" if ratio_mem else "") + f"; wrote {out / 'gpu_check.json'}")
-    return 0
+        print(f"{name:>12} {r['step_time_s']:8.3f} {r['tokens_per_s']:10.0f} {mem:>9}")
+    for name, r in ratios.items():
+        time_ratio = f"{r['step_time']:.3f}x" if r["step_time"] else "-"
+        mem_ratio = f"{r['peak_memory']:.3f}x" if r["peak_memory"] else "-"
+        print(f"{name}: step time {time_ratio}, peak memory {mem_ratio}")
+    print(f"wrote {out / 'gpu_check.json'}")
+    return 1 if any("error" in r for r in results.values()) else 0
 
 
 if __name__ == "__main__":

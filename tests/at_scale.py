@@ -28,15 +28,20 @@ if spec.get("vllm"):
     vllm_standin.install()
 
 
-def any_digit(completions, **kwargs):
-    """About half right for a random tiny model, so groups mix (and some tie)."""
-    return [float(any(ch.isdigit() for ch in c)) for c in completions]
+seen = []  # (prompt, completion) pairs this process graded
+
+
+def digit_or_tie(prompts, completions, answer, **kwargs):
+    """Even answers: always right (a tied group, whose rows ref_scoring may skip); odd: right when the
+    completion holds a digit, about half the time for a random tiny model (a mixed group)."""
+    seen.extend(zip(prompts, completions))
+    return [1.0 if int(a) % 2 == 0 else float(any(ch.isdigit() for ch in c)) for c, a in zip(completions, answer)]
 
 
 config = dict(per_device_train_batch_size=4, num_generations=4, max_completion_length=6, max_steps=2,
               learning_rate=1e-2, bf16=False, use_cpu=True, report_to="none", gradient_checkpointing=False,
               logging_steps=1, save_strategy="no", seed=3, disable_tqdm=True, ref_high=1e6, ref_low=1.0)
-config.update(spec.get("config", {}))
+config.update({"use_vllm": True} if spec.get("vllm") else {}, **spec.get("config", {}))
 args = CAPOConfig(output_dir=spec["out"], **config)  # before the model: ZeRO-3's zero.Init needs the DS config
 
 model = spec["model_dir"]
@@ -50,9 +55,11 @@ if spec.get("peft"):
 
     peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
 
-trainer = CAPOTrainer(model=model, reward_funcs=any_digit, args=args, train_dataset=tiny_dataset(),
+trainer = CAPOTrainer(model=model, reward_funcs=digit_or_tie, args=args, train_dataset=tiny_dataset(),
                       peft_config=peft_config)
 acc = trainer.accelerator
+if spec.get("vllm"):
+    trainer.vllm_generation.step_of = lambda: trainer.state.global_step  # a resumed run samples as an unbroken one
 forwards = []  # (rows) of every reference forward this process ran
 original = trainer._forward_logps
 
@@ -77,7 +84,7 @@ with torch.no_grad():
             checksum = sum(float(p.double().abs().sum()) for p in unwrapped.parameters())
     else:
         checksum = sum(float(p.double().abs().sum()) for p in unwrapped.parameters())
-mine = {"forwards": forwards, "thresholds": list(trainer._mask.measured or []) if trainer._mask else None}
+mine = {"graded": seen, "forwards": forwards, "thresholds": list(trainer._mask.measured or []) if trainer._mask else None}
 everyone = [None] * acc.num_processes
 torch.distributed.all_gather_object(everyone, mine) if acc.num_processes > 1 else everyone.__setitem__(0, mine)
 if acc.is_main_process:

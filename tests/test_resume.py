@@ -90,3 +90,41 @@ def test_checkpoint_without_capo_state_warns(tiny_model_dir, tmp_path):
     again = make(tiny_model_dir, tmp_path / "run", max_steps=3, **SETTINGS["mask-auto"])
     with pytest.warns(UserWarning, match="measured mask thresholds.*start afresh"):
         again.train(resume_from_checkpoint=True)
+
+
+def test_codapo_deferred_batches_are_resplit_for_another_process_count():
+    from capo_trl.methods.codapo import CoDaPOReplay
+
+    two = [{"pending": ["p"], "deferred": [["a0", "a1"], ["c0", "c1"]], "replaying": True},
+           {"pending": ["p"], "deferred": [["b0", "b1"], ["d0", "d1"]], "replaying": True}]
+    one = CoDaPOReplay.reshard(two, 0, 1, local_size=4)  # the global batches, in process order
+    assert one == {"pending": ["p"], "deferred": [["a0", "a1", "b0", "b1"], ["c0", "c1", "d0", "d1"]],
+                   "replaying": True}
+    assert CoDaPOReplay.reshard([one], 1, 2, local_size=2)["deferred"] == [["b0", "b1"], ["d0", "d1"]]
+    with pytest.raises(ValueError, match="keep the global batch size"):
+        CoDaPOReplay.reshard(two, 0, 3, local_size=2)
+
+
+def test_a_checkpoint_of_two_processes_resumes_on_one(tiny_model_dir, tmp_path):
+    """Every process gets the same measured thresholds; pooled caches; a state that cannot be re-split is refused."""
+    from capo_trl.errors import UsageError
+
+    trainer = make(tiny_model_dir, tmp_path / "a", ref_high=1e6, ref_low=1.0, noise_mask=True,
+                   ref_thresholds="auto", ref_cache_size=8)
+    mask = {"measured_thresholds": (3.0, 2.0), "threshold_samples": [], "warned": []}
+    cache = lambda key, value: {"keys": torch.tensor([list(key)], dtype=torch.uint8),  # noqa: E731
+                                "values": torch.tensor([value], dtype=torch.float64)}
+    parts = [{"mask": mask, "ref_cache": cache(b"k" * 16, -1.0)}, {"mask": mask, "ref_cache": cache(b"j" * 16, -2.0)}]
+    trainer._restore(parts, 0, 1, "ckpt")
+    assert trainer._mask.measured == (3.0, 2.0) and len(trainer._ref_cache) == 2
+
+    class Unsplittable:  # a method state (a user's method) without ``reshard``
+        def state_dict(self):
+            return {}
+
+        def load_state_dict(self, state):
+            raise AssertionError("loaded a state written for another process layout")
+
+    trainer._method_state = Unsplittable()
+    with pytest.raises(UsageError, match="written by 2 processes and this run has 1.*resume with 2 processes"):
+        trainer._restore([{"method_state": {}}] * 2, 0, 1, "ckpt")

@@ -35,6 +35,7 @@ class StandInVLLMGeneration:
         if (top_p, top_k or 0, min_p or 0.0, repetition_penalty) != (1.0, 0, 0.0, 1.0):
             raise NotImplementedError("the stand-in samples from the plain softmax(logits / T) only")
         self.syncs, self.calls = 0, 0
+        self.step_of = None  # set to ``lambda: trainer.state.global_step`` to seed by step (then resuming matches)
         self.vllm_client = self  # server mode asks the client for its log-prob mode
         StandInVLLMGeneration.instances.append(self)
 
@@ -51,7 +52,8 @@ class StandInVLLMGeneration:
         model.eval()
         completions, logprobs = [], []
         for row, ids in enumerate(prompts, start=first_row):  # the global row: a group's copies differ
-            digest = hashlib.blake2b(repr((ids, row, self.calls)).encode(), digest_size=8).digest()
+            step = self.calls if self.step_of is None else self.step_of()
+            digest = hashlib.blake2b(repr((ids, row, step)).encode(), digest_size=8).digest()
             generator = torch.Generator().manual_seed(int.from_bytes(digest, "little") % 2**62)
             seq, lps, done = list(ids), [], False
             # always max_completion_length forwards per prompt: under ZeRO-3 every forward is a collective, and

@@ -92,8 +92,9 @@ class CAPOConfig(*_METHOD_ARGS, GRPOConfig):
             `"all"` when the loss type's normaliser ignores dropped rows (`grpo`, `sapo`, `dr_grpo`);
             with `dapo`/`bnpo`/`cispo` the kept tied rows enlarge the token count that divides the loss
             (docs/config.md gives the measured effect). `"auto"`: `"needed"` exactly where it changes
-            nothing (those loss types, `beta=0`, `top_entropy_quantile=1`, thresholds not being
-            measured), else `"all"`.
+            nothing (those loss types, `beta=0`, `top_entropy_quantile=1`, no entropy bonus, thresholds
+            not being measured), else `"all"`. Multimodal batches always score every row; under ZeRO-3
+            and FSDP each process runs as many reference forwards as the one with the most rows.
         method_kwargs (`dict` or `None`, defaults to `None`):
             Settings of a method defined outside capo-trl, checked against its `Args` dataclass.
     """
