@@ -197,7 +197,8 @@ def test_calibrate_mask_updates_only_the_lines_of_its_keys(monkeypatch, capsys, 
     text = short.read_text()
     assert text.startswith("# my recipe\nlearning_rate: 1.0e-6\ntau_mode: absolute   # was relative\n")
     assert yaml.safe_load(text) == {"learning_rate": 1e-6, "tau_mode": "absolute", "tau": 0.25, "ref_high": 1.8,
-                                    "ref_low": 1.02, "ref_thresholds": "fixed"}
+                                    "ref_low": 1.02, "ref_thresholds": "fixed", "advantage_scale": "paper",
+                                    "noise_mask_guard": True}
     created = tmp_path / "new.yaml"
     assert main(["calibrate-mask", "--write_config", str(created)]) == 0
     assert yaml.safe_load(created.read_text())["tau"] == 0.25

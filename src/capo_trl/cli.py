@@ -309,8 +309,9 @@ def add_calibrate_mask_parser(subparsers) -> None:
     p.add_argument("--template", default=None, choices=_TEMPLATES, help=_TEMPLATE_HELP)
     p.add_argument("--device", default=None, help="e.g. cuda, cuda:1, cpu (default: cuda if available)")
     p.add_argument("--write_config", default=None, metavar="YAML",
-                   help="set tau, tau_mode, ref_high, ref_low and ref_thresholds in this YAML recipe (created if "
-                        "missing; only those lines change, comments are kept)")
+                   help="write the recommended CAPO configuration (docs/config.md) with the measured tau, ref_high "
+                        "and ref_low into this YAML recipe (created if missing; only those lines change, comments "
+                        "are kept)")
     p.set_defaults(func=run_calibrate_mask)
 
 
@@ -352,15 +353,13 @@ def run_calibrate_mask(args) -> int:
             print(f"capo-trl calibrate-mask: {reason}{tail}", file=sys.stderr)
         return 1
     if path:
-        values = {"tau": float(f"{report['tau']:.6g}"), "tau_mode": "absolute",
-                  "ref_high": float(f"{report['ref_high']:.6g}"), "ref_low": float(f"{report['ref_low']:.6g}"),
-                  "ref_thresholds": "fixed"}
+        values = harness.recipe_values(report)
         updated = harness.update_recipe(text, values, path)
         try:
             path.write_text(updated, encoding="utf-8")
         except OSError as err:
             raise UsageError(f"--write_config {path}: cannot write it ({err.strerror}); give a writable path.") from err
-        print(f"wrote tau, tau_mode, ref_high, ref_low, ref_thresholds to {path}")
+        print(f"wrote {', '.join(values)} to {path}")
     return 0
 
 

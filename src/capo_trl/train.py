@@ -15,295 +15,25 @@ on stderr; the embedded model with any other dataset is refused.
 A recipe written for ``trl grpo`` runs too: TRL's dataset format (a ``prompt`` column, every other
 column passed to the reward functions), ``trl.rewards``' function names, ``reward_model_name_or_path``;
 ``datasets`` (mixtures) and ``dataset_streaming`` are refused with what to do instead (docs/migration.md).
+
+This module loads the data and the model and runs the trainer; parsing and checking the arguments
+is :mod:`capo_trl.train_args` (its public names are importable from here too).
 """
 
 from __future__ import annotations
 
-import difflib
-import os
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-
-import yaml
 
 from . import arithmetic, data
 from .config import CAPOConfig
-from .defaults import EMBEDDED_METHOD, TrainingBudget, training_config
-from .errors import UsageError, check_model_path, check_output_dir
+from .errors import UsageError
 from .reward_names import check_reward_columns, resolve_reward
 
-
-@dataclass
-class ScriptArguments:
-    """What to train on and how to grade it (the model is :class:`trl.ModelConfig`'s, the trainer CAPOConfig's).
-
-    Field names follow ``trl grpo`` where the meaning is the same, so TRL recipes carry over.
-    """
-
-    dataset_name: str | None = field(
-        default=None,
-        metadata={"help": f"Training data: a capo_trl.data registry name ({', '.join(sorted(data.BENCHMARKS))}), a "
-                  f"hub dataset id (or a local dataset folder), or a local {'/'.join(data.LOCAL_SUFFIXES)} file. "
-                  "A file or hub dataset with a 'prompt' column (TRL's text or conversational format) is used as is; "
-                  "else its 'problem' and 'answer' columns make the prompts (prompt_template). Every other column "
-                  "reaches the reward functions as a keyword argument, as in TRL. Default: the embedded arithmetic "
-                  "task."},
-    )
-    dataset_config: str | None = field(
-        default=None, metadata={"help": "Configuration name of a hub dataset id (load_dataset's `name`)."},
-    )
-    dataset_train_split: str | None = field(
-        default=None,
-        metadata={"help": "Split to train on. Default: 'train' for arithmetic, the registry's split for another "
-                  "registered name (capo_trl.data.BENCHMARKS), 'train' for a hub id; not allowed for a local file."},
-    )
-    dataset_test_split: str | None = field(
-        default=None,
-        metadata={"help": "Split evaluated when eval_strategy is not 'no' (same dataset). Default: none."},
-    )
-    dataset_limit: int | None = field(
-        default=None, metadata={"help": "Train on the first N problems only."},
-    )
-    dataset_columns: list[str] | None = field(
-        default=None,
-        metadata={"help": f"Column mapping ROLE=NAME for the roles {', '.join(data.TRAIN_ROLES)}, e.g. "
-                  "--dataset_columns problem=question answer=final_answer (a YAML mapping also works). Mapping "
-                  "problem builds prompts from that column even when the dataset has a 'prompt' column."},
-    )
-    prompt_template: str | None = field(
-        default=None,
-        metadata={"help": f"How a problem becomes a prompt: one of {', '.join(sorted(data.PROMPT_TEMPLATES))} "
-                  "(capo_trl.data.PROMPT_TEMPLATES). Default: the registry's for a registered name "
-                  f"('{data.BENCHMARKS['arithmetic'].template}' for arithmetic), else '{data.DEFAULT_TEMPLATE}'.",
-                  "choices": sorted(data.PROMPT_TEMPLATES)},
-    )
-    max_prompt_length: int | None = field(
-        default=None,
-        metadata={"help": "Drop training problems whose rendered prompt is longer than this many tokens (verl's "
-                  "filter_overlong_prompts; TRL 1.16 has no prompt truncation). Default: keep all."},
-    )
-    overwrite_output_dir: bool = field(
-        default=False,
-        metadata={"help": "Delete what output_dir holds before training. Without it, a non-empty output_dir is "
-                  "refused (unless resume_from_checkpoint is given), so an earlier run is never replaced silently."},
-    )
-    calibration_dataset: str | None = field(
-        default=None,
-        metadata={"help": "Monitor calibration during training (capo_trl.CalibrationCallback: validation accuracy, "
-                  "AUROC and ECE logged as val/*): a split of dataset_name (e.g. validation) or a local file. "
-                  "Default: off."},
-    )
-    calibration_every: int = field(default=50, metadata={"help": "CalibrationCallback: every N optimizer steps."})
-    calibration_samples: int = field(default=8, metadata={"help": "CalibrationCallback: samples per problem."})
-    calibration_limit: int | None = field(
-        default=64, metadata={"help": "CalibrationCallback: the first N problems of calibration_dataset."},
-    )
-    reward_funcs: list[str] = field(
-        default_factory=lambda: ["math_accuracy"],
-        metadata={"help": "Reward functions: 'math_accuracy', 'boxed_format', a function of trl.rewards by name "
-                  "('accuracy_reward', 'think_format_reward', 'reasoning_accuracy_reward'), or a dotted path "
-                  "('package.module:function' or 'package.module.function'). Weights: --reward_weights."},
-    )
-    reward_model_name_or_path: str | None = field(
-        default=None,
-        metadata={"help": "A reward model (hub id or local folder, loaded by TRL as a sequence classifier with one "
-                  "label), as in `trl grpo`: it becomes the first reward function, before reward_funcs."},
-    )
-    # `trl grpo` fields that capo-trl train accepts by name but refuses (check_args says why and what to do).
-    datasets: list[dict] | None = field(
-        default=None,
-        metadata={"help": "TRL's dataset mixtures: not supported (refused with the alternative); give dataset_name."},
-    )
-    dataset_streaming: bool = field(
-        default=False,
-        metadata={"help": "TRL's streaming datasets: not supported (refused with the alternative)."},
-    )
-
-    def __post_init__(self):
-        if isinstance(self.dataset_columns, dict):  # a YAML mapping
-            self.dataset_columns = [f"{k}={v}" for k, v in self.dataset_columns.items()]
-        if isinstance(self.reward_funcs, str):  # a YAML scalar
-            self.reward_funcs = [self.reward_funcs]
-        self.reward_funcs = list(self.reward_funcs or [])  # `trl grpo`'s default is None
-        self.columns()  # validate early
-        for name in ("calibration_every", "calibration_samples", "calibration_limit"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
-
-    def columns(self) -> dict[str, str] | None:
-        """``dataset_columns`` as ``{role: column}``."""
-        return data.parse_columns(self.dataset_columns, "dataset_columns", data.TRAIN_ROLES)
-
-
-# ------------------------------------------------------------------------------------------ parsing
-def make_parser(prog: str = "capo-trl train"):
-    """TRL's parser over (ScriptArguments, CAPOConfig, ModelConfig): every field is a flag and a YAML key."""
-    from trl import ModelConfig, TrlParser
-
-    class Parser(TrlParser):
-        def error(self, message):  # argparse prints ~250 lines of usage first: one line is enough
-            raise UsageError(f"{message} (see `{prog} --help`).")
-
-    return Parser(
-        (ScriptArguments, CAPOConfig, ModelConfig), prog=prog,
-        description="Train CAPOTrainer. --config RECIPE.yaml reads a YAML mapping of any of the fields below "
-                    "(examples/recipes/); flags override it. Without a model: the embedded default (CPU, minutes).",
-    )
-
-
-def embedded_defaults() -> dict:
-    """Trainer settings for the embedded tiny model (:mod:`capo_trl.defaults`): those of ``capo-trl demo``.
-
-    They are parser defaults, so a recipe or a flag still overrides each of them.
-    """
-    return dict(**training_config(TrainingBudget()), **EMBEDDED_METHOD, gradient_checkpointing=False,
-                logging_steps=5, output_dir="runs/capo-arith-tiny")
-
-
-def _has_accelerator() -> bool:
-    import torch
-
-    if hasattr(torch, "accelerator"):
-        return torch.accelerator.is_available()
-    return torch.cuda.is_available()
-
-
-def _config_file(argv: list[str]) -> dict:
-    """The YAML mapping named by ``--config`` (TrlParser's own form), or {}."""
-    if "--config" not in argv or argv.index("--config") + 1 >= len(argv):
-        return {}
-    path = argv[argv.index("--config") + 1]
-    try:
-        with open(path) as f:
-            config = yaml.safe_load(f)
-    except OSError as err:
-        raise ValueError(f"Cannot read recipe {path}: {err.strerror}.") from err
-    except yaml.YAMLError as err:
-        raise ValueError(f"Recipe {path} is not valid YAML: {err}") from err
-    if not isinstance(config, dict):
-        raise ValueError(f"Recipe {path} must be a YAML mapping of field: value.")
-    return config
-
-
-def _check_known_keys(parser, config: dict, path: str) -> None:
-    """Name every unknown recipe key (TrlParser would only list them as '--key value' pairs)."""
-    known = {action.dest for action in parser._actions} | {"env"}
-    unknown = [key for key in config if key not in known]
-    if unknown:
-        hints = []
-        for key in unknown:
-            close = difflib.get_close_matches(str(key), known, n=1)
-            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        raise ValueError(f"Recipe {path}: unknown field(s) {', '.join(hints)}. Fields are those of ScriptArguments, "
-                         "CAPOConfig (every GRPOConfig field) and trl.ModelConfig; see `capo-trl train --help`.")
-
-
-def parse_args(argv: list[str] | None = None):
-    """(ScriptArguments, CAPOConfig, ModelConfig) from ``--config RECIPE.yaml`` and flags; loads nothing.
-
-    Precedence: flags > recipe > embedded-default settings (only when no model is named) > CAPOConfig.
-    """
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = make_parser()
-    helping = any(a in ("-h", "--help") for a in argv)  # --help shows the dataclasses' defaults, as documented
-    config = _config_file(argv)
-    if config:
-        _check_known_keys(parser, config, argv[argv.index("--config") + 1])
-    defaults = {}
-    if not _has_accelerator():
-        # Without use_cpu, `accelerate launch --multi_gpu` on a CPU-only machine starts N processes that each
-        # train alone (transformers sees no distributed type); with it they form one gloo group (MULTI_CPU).
-        # GRPOConfig's bf16=True default refuses to start on a CPU unless use_cpu is set.
-        defaults.update(use_cpu=True, bf16=False)
-    def given(name):
-        flags = (f"--{name}", f"--{name.replace('_', '-')}")
-        return name in config or any(a.split("=", 1)[0] in flags for a in argv)
-
-    embedded = not given("model_name_or_path")
-    if embedded and not helping:
-        defaults.update(embedded_defaults())
-        if not given("dataset_name"):
-            defaults["dataset_limit"] = TrainingBudget().train_problems  # the problems `capo-trl demo` trains on
-    parser.set_defaults(**defaults)
-    script_args, training_args, model_args = parser.parse_args_and_config(argv)
-    check_args(script_args, training_args, model_args)
-    if embedded and os.environ.get("RANK", "0") == "0":
-        print(f"capo-trl train: no model_name_or_path: training the embedded tiny model with the embedded default "
-              f"settings ({_embedded_summary(training_args, script_args)}); give --model_name_or_path to train "
-              "another model.", file=sys.stderr)
-    return script_args, training_args, model_args
-
-
-def _embedded_summary(args: CAPOConfig, script_args: ScriptArguments) -> str:
-    """What the embedded default trains, in one clause (the values after any recipe or flag)."""
-    return (f"{script_args.dataset_name or 'arithmetic'} task, {args.advantage_estimator} with tau_mode "
-            f"{args.tau_mode}, noise_mask {args.noise_mask}, {args.max_steps} steps of "
-            f"{args.per_device_train_batch_size // max(args.num_generations, 1)} prompts x {args.num_generations}, "
-            f"lr {args.learning_rate:g}, output_dir {args.output_dir}")
-
-
-def check_args(script_args: ScriptArguments, training_args: CAPOConfig, model_args) -> None:
-    """Cross-field checks that need no model, dataset or network (a recipe fails here, not an hour in)."""
-    if script_args.datasets:
-        raise UsageError("datasets (TRL's dataset mixtures) is not supported by capo-trl train: its loaders, "
-                         "column mapping and checks take one dataset. Build the mixture yourself (datasets."
-                         "concatenate_datasets / interleave_datasets), save it as a .jsonl or .parquet file and "
-                         "give it as dataset_name.")
-    if script_args.dataset_streaming:
-        raise UsageError("dataset_streaming is not supported by capo-trl train: it needs the rows in memory (the "
-                         "size and prompt-length checks, max_prompt_length, dataset_limit). Use dataset_limit N to "
-                         "train on the first N rows, or save the part you need as a local .jsonl/.parquet file.")
-    if not script_args.reward_funcs and not script_args.reward_model_name_or_path:
-        raise UsageError("no reward: give reward_funcs (e.g. math_accuracy) or reward_model_name_or_path.")
-    funcs = [resolve_reward(name) for name in script_args.reward_funcs]
-    n = len(funcs) + bool(script_args.reward_model_name_or_path)
-    weights = training_args.reward_weights
-    if weights is not None and len(weights) != n:
-        model = " (the reward model first)" if script_args.reward_model_name_or_path else ""
-        raise ValueError(f"reward_weights has {len(weights)} entries for {n} reward functions{model} "
-                         f"{script_args.reward_funcs}; give one weight per function.")
-    if (model_args.load_in_4bit or model_args.load_in_8bit) and not model_args.use_peft:
-        raise ValueError("load_in_4bit/load_in_8bit train only adapters: add use_peft: true (LoRA).")
-    if script_args.max_prompt_length is not None and script_args.max_prompt_length < 1:
-        raise ValueError(f"max_prompt_length must be >= 1, got {script_args.max_prompt_length}.")
-    name = script_args.dataset_name
-    if name is not None and data.dataset_kind(name) == "local":
-        if script_args.dataset_train_split is not None:
-            raise UsageError(f"dataset_train_split does not apply to a local file ({name}): give each split its own "
-                             "file.")
-    if model_args.model_name_or_path is None and name is not None and data.registry_key(name) != "arithmetic":
-        raise UsageError(f"dataset_name {name} without model_name_or_path: the embedded tiny model only does the "
-                         "arithmetic task; give --model_name_or_path MODEL to train on this dataset.")
-
-
-def preflight(script_args: ScriptArguments, training_args: CAPOConfig, model_args) -> None:
-    """Checks against the file system, before anything loads: model, data file, output folder, checkpoint.
-
-    An earlier run's folder is refused unless resuming it or told to replace it.
-    """
-    from transformers.trainer_utils import get_last_checkpoint
-
-    name = script_args.dataset_name
-    if name is not None and data.dataset_kind(name) == "local" and not Path(name).is_file():
-        raise UsageError(f"dataset_name {name}: no such file. Give an existing .json/.jsonl/.csv/.parquet file, "
-                         "a registry name or a hub dataset id.")
-    if model_args.model_name_or_path is not None:
-        check_model_path(model_args.model_name_or_path, "model_name_or_path")
-    if script_args.reward_model_name_or_path is not None:
-        check_model_path(script_args.reward_model_name_or_path, "reward_model_name_or_path")
-    out = Path(training_args.output_dir)
-    resume = _resume_target(training_args.resume_from_checkpoint)
-    if resume is True and (not out.is_dir() or get_last_checkpoint(str(out)) is None):
-        raise UsageError(f"resume_from_checkpoint: {out} holds no checkpoint-N folder to resume from; drop the flag "
-                         "to start afresh, or point output_dir at the run to resume.")
-    if isinstance(resume, str) and not Path(resume).is_dir():
-        raise UsageError(f"resume_from_checkpoint {resume}: no such directory; give a checkpoint-N folder, or "
-                         "'last' for the newest one in output_dir.")
-    if resume is None and not script_args.overwrite_output_dir:
-        check_output_dir(out, overwrite=False, flag="--overwrite_output_dir true (or resume it with "
-                                                     "--resume_from_checkpoint last)")
+# The arguments (parsing, defaults, checks) live in train_args; their names stay importable from here.
+from .train_args import (  # noqa: F401
+    ScriptArguments, _resume_target, check_args, embedded_defaults, make_parser, parse_args, preflight,
+)
 
 
 # ------------------------------------------------------------------------------------------ data
@@ -414,13 +144,6 @@ def _calibration_monitor(script_args: ScriptArguments):
         problems = load_problems(script_args, name, script_args.calibration_limit)
     return CalibrationCallback(problems, every_n_steps=script_args.calibration_every,
                                n=script_args.calibration_samples)
-
-
-def _resume_target(value):
-    """HF Trainer resumes from the last checkpoint of output_dir when given True: accept 'true'/'last'."""
-    if isinstance(value, str) and value.strip().lower() in ("true", "last", "latest"):
-        return True
-    return value or None
 
 
 def _clear_output_dir(path: str) -> None:

@@ -12,6 +12,7 @@ import yaml
 
 from ..advantages import quartile_thresholds, within_group_std
 from ..calibration import auroc
+from ..defaults import RECOMMENDED
 from ..errors import UsageError
 from .presets import is_number
 
@@ -70,6 +71,19 @@ def unmeasured(report: dict) -> list[str]:
         reasons.append("tau not measured: the scores do not vary within groups (spread 0); raise --limit or --n, or "
                        "check that the model samples (temperature 1).")
     return reasons
+
+
+def recipe_values(report: dict) -> dict:
+    """What ``--write_config`` sets: the recommended configuration's CAPO fields, with this model's measured
+    ``tau`` (absolute, the within-group spread) and thresholds in place of the paper's values.
+
+    ``advantage_estimator`` and ``noise_mask`` are left as the recipe has them (unset, the mask is on for CAPO
+    and off for GRPO), so a GRPO twin of the recipe stays plain GRPO.
+    """
+    values = {k: v for k, v in RECOMMENDED.items() if k not in ("advantage_estimator", "noise_mask")}
+    values.update(tau=float(f"{report['tau']:.6g}"), ref_high=float(f"{report['ref_high']:.6g}"),
+                  ref_low=float(f"{report['ref_low']:.6g}"))
+    return values
 
 
 def read_recipe(path, flag: str = "--write_config") -> str:
@@ -151,4 +165,4 @@ def _quartiles(x: torch.Tensor) -> list[float] | None:
     return [torch.quantile(x.double(), q).item() for q in (0.25, 0.5, 0.75)]
 
 
-__all__ = ["calibrate_mask", "read_recipe", "unmeasured", "update_recipe"]
+__all__ = ["calibrate_mask", "read_recipe", "recipe_values", "unmeasured", "update_recipe"]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from ..defaults import EMBEDDED_METHOD, TrainingBudget, training_config
+from ..defaults import EMBEDDED_METHOD, RECOMMENDED, TrainingBudget, training_config
 from ..errors import UsageError, check_model_path
 
 # The paper's CAPO, exactly (tau in nats, 1/tau scale, fixed mask thresholds).
@@ -27,6 +27,7 @@ PRESETS: dict[str, dict] = {
     "capo-mask": {**EMBEDDED_METHOD, "noise_mask": True, "ref_thresholds": "auto"},  # = capo (older commands)
     "capo-nomask": {**EMBEDDED_METHOD, "noise_mask": False},  # the length-hack ablation
     "capo-paper": PAPER,
+    "capo-recommended": dict(RECOMMENDED),  # for a real model: the paper's settings with the guard on
     "grpo-mask": dict(advantage_estimator="grpo", noise_mask=True, ref_thresholds="auto"),
     # The methods CAPO is compared with (docs/baselines.md); method_config() already sets beta=0.
     "gspo": dict(advantage_estimator="grpo", importance_sampling_level="sequence", loss_type="grpo", epsilon=3e-4,

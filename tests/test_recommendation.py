@@ -1,0 +1,100 @@
+"""One recommended CAPO configuration for a real model, written the same everywhere a user reads it.
+
+``capo_trl.defaults.RECOMMENDED`` is the source; the README's drop-in, the Qwen recipes, docs/config.md,
+the notebook, the ``capo-recommended`` preset, CAPOConfig's defaults and what ``calibrate-mask
+--write_config`` writes must all resolve to it (the embedded default may differ, and does).
+"""
+
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from capo_trl import CAPOConfig
+from capo_trl.defaults import EMBEDDED_METHOD, RECOMMENDED
+
+ROOT = Path(__file__).resolve().parents[1]
+QWEN = sorted((ROOT / "examples" / "recipes").glob("capo-qwen*.yaml"))
+CPU = dict(use_cpu=True, bf16=False, activation_checkpointing=False, report_to="none")
+
+
+def resolved(tmp_path, **fields) -> dict:
+    """The recommendation's fields of a CAPOConfig built from ``fields`` (defaults resolved: noise_mask None -> on)."""
+    args = CAPOConfig(output_dir=str(tmp_path / "out"), **CPU, **fields)
+    return {k: getattr(args, k) for k in RECOMMENDED}
+
+
+def call_keywords(source: str, name: str = "CAPOConfig") -> dict:
+    """The literal keyword arguments of the first ``name(...)`` call in a piece of Python."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == name:
+            return {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg}
+    raise AssertionError(f"no {name}(...) call in {source[:200]!r}")
+
+
+def test_capoconfig_defaults_and_the_preset_are_the_recommendation(tmp_path):
+    from capo_trl.harness.presets import PRESETS
+
+    assert resolved(tmp_path) == RECOMMENDED
+    assert PRESETS["capo-recommended"] == RECOMMENDED
+    assert resolved(tmp_path, **PRESETS["capo-recommended"]) == RECOMMENDED
+    assert PRESETS["capo"] == EMBEDDED_METHOD != RECOMMENDED  # the embedded default differs, on purpose
+
+
+def test_the_readme_drop_in_is_the_recommendation(tmp_path):
+    text = (ROOT / "README.md").read_text()
+    line = next(line for line in text.splitlines() if line.startswith("+args = CAPOConfig("))
+    kwargs = call_keywords(line[1:])
+    kwargs.pop("output_dir")
+    assert resolved(tmp_path, **kwargs) == RECOMMENDED
+
+
+@pytest.mark.parametrize("recipe", QWEN, ids=[p.stem for p in QWEN])
+def test_the_qwen_recipes_are_the_recommendation(recipe, tmp_path):
+    fields = yaml.safe_load(recipe.read_text())
+    expected = dict(RECOMMENDED)
+    if "7b" in recipe.stem:
+        expected["tau"] = 0.5  # the paper's value for 7B; everything else the same
+    assert resolved(tmp_path, **{k: fields[k] for k in RECOMMENDED if k in fields}) == expected
+    assert "Recommended configuration" in recipe.read_text()
+
+
+def test_docs_config_md_shows_the_recommendation():
+    text = (ROOT / "docs" / "config.md").read_text()
+    section = text[text.index("## Recommended configuration for a real model"):]
+    block = re.search(r"```yaml\n(.*?)```", section, re.S)[1]
+    assert yaml.safe_load(block) == RECOMMENDED
+
+
+def test_the_notebook_shows_the_recommendation():
+    cells = json.loads((ROOT / "examples" / "quickstart.ipynb").read_text())["cells"]
+    blocks = [m[1] for c in cells if c["cell_type"] == "markdown"
+              for m in re.finditer(r"```python\n(.*?)```", "".join(c["source"]), re.S)]
+    shown = [call_keywords(re.sub(r"^\s+", "", b, flags=re.M)) for b in blocks if "CAPOConfig(" in b]
+    assert shown == [RECOMMENDED]
+
+
+def test_calibrate_mask_writes_the_recommendation_with_the_measured_values(monkeypatch, tmp_path):
+    """Measured values equal to the paper's leave the 1.5B recipe unchanged; other values change only them."""
+    from capo_trl.cli import main
+    from capo_trl.harness import calibrate_mask as mask
+
+    measured = {"ref_high": 2.5, "ref_low": 1.05, "tau": 0.6, "score_spread": 0.6, "reference_auroc": 0.7,
+                "reference_accuracy": 0.4, "ppl_correct_quartiles": [1.1, 1.3, 2.5],
+                "ppl_wrong_quartiles": [1.05, 1.5, 2.0], "n_problems": 8, "n_samples": 32, "mixed_groups": 3}
+    monkeypatch.setattr(mask, "calibrate_mask", lambda *a, **k: dict(measured))
+    recipe = ROOT / "examples" / "recipes" / "capo-qwen2.5-math-1.5b.yaml"
+    copy = tmp_path / "recipe.yaml"
+    copy.write_text(recipe.read_text())
+    assert main(["calibrate-mask", "--write_config", str(copy)]) == 0
+    assert copy.read_text() == recipe.read_text()
+
+    fresh = tmp_path / "fresh.yaml"
+    measured.update(tau=0.21, ref_high=1.7, ref_low=1.02)
+    assert main(["calibrate-mask", "--write_config", str(fresh)]) == 0
+    written = yaml.safe_load(fresh.read_text())
+    assert resolved(tmp_path, **written) == {**RECOMMENDED, "tau": 0.21, "ref_high": 1.7, "ref_low": 1.02}
+    assert "advantage_estimator" not in written and "noise_mask" not in written  # the recipe's own choice
