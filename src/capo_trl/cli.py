@@ -136,8 +136,9 @@ def add_eval_parser(subparsers) -> None:
                    help="the map --calibrate_on fits (default platt)")
     p.add_argument("--calibrate_limit", type=int, default=None, help="use the first N calibration problems only")
     p.add_argument("--target_precision", type=float, default=None, metavar="P",
-                   help="with --calibrate_on: choose there the abstention threshold whose precision is >= P with "
-                        "95%% confidence, and report its coverage and precision on the evaluated problems")
+                   help="with --calibrate_on: choose there the abstention threshold on s whose precision is >= P "
+                        "with 95%% confidence (bounded by question), and report its coverage and precision on the "
+                        "evaluated problems")
     p.add_argument("--no_progress", action="store_true", help="hide progress bars")
     p.set_defaults(func=run_eval)
 
@@ -194,10 +195,12 @@ def run_eval(args) -> int:
               f"-> {result.metrics['brier_calibrated']:.4f}")
     if args.target_precision is not None:
         m = result.metrics
-        print(f"answer only where P(correct) >= {m['selective/threshold']:.4f} (chosen for precision >= "
-              f"{args.target_precision} at 95% confidence): coverage {m['selective/coverage']:.4f}, precision "
+        print(f"answer only where s >= {m['selective/threshold']:.4f} (P(correct) >= {m['selective/probability']:.4f}; "
+              f"chosen for precision >= {args.target_precision} at 95% confidence, bound by "
+              f"{result.config['selective_bound']}): coverage {m['selective/coverage']:.4f}, precision "
               f"{m['selective/precision']:.4f} [{m['selective/precision_ci_low']:.4f}, "
-              f"{m['selective/precision_ci_high']:.4f}] on {m['selective/n_answered']} answered")
+              f"{m['selective/precision_ci_high']:.4f}] on {m['selective/n_answered']} answered of "
+              f"{m['selective/n_questions']} questions")
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
 
