@@ -4,12 +4,20 @@ import math
 
 import numpy as np
 import pytest
-
 from scipy.stats import binom
 
 from capo_trl.confidence import (
-    INDEPENDENT, QUESTIONS, Calibrator, answer_or_abstain, check_disjoint, clopper_pearson, cross_fitted,
-    question_split, select_threshold, selective_report,
+    INDEPENDENT,
+    ONE_EACH,
+    QUESTIONS,
+    Calibrator,
+    answer_or_abstain,
+    check_disjoint,
+    clopper_pearson,
+    cross_fitted,
+    question_split,
+    select_threshold,
+    selective_report,
 )
 from capo_trl.errors import UsageError
 
@@ -172,6 +180,32 @@ def test_select_threshold_edges():
     assert 0.18 < low < 0.19 and 0.81 < high < 0.82  # the textbook interval for 5 of 10
     with pytest.raises(UsageError, match="target_precision"):
         select_threshold([0.1], [1], 1.5)
+
+
+def test_the_threshold_is_on_the_score_and_says_what_it_assumes(tmp_path):
+    rng = np.random.default_rng(8)
+    s, y, g = grouped(300, 8, rng, easy=(9.7, 0.3))
+    cal = Calibrator.fit(s, y, "isotonic")
+    sel = cal.fit_threshold(s, y, 0.9, groups=g)
+    assert sel.on == "score" and sel.bound == QUESTIONS and math.isfinite(sel.threshold)
+    assert sel.probability == pytest.approx(float(cal.predict(s[s >= sel.threshold]).min()))
+    assert cal.decide(sel.threshold)[0] and not cal.decide(np.nextafter(sel.threshold, -np.inf))[0]
+    back = Calibrator.load(cal.save(tmp_path / "c.json"))
+    assert back.selective == sel
+    old = cal.to_dict()  # a file saved before thresholds were on the score: its threshold is a probability
+    old["selective"] = {k: v for k, v in old["selective"].items() if k in ("threshold", "target_precision", "confidence",
+                                                                          "coverage", "precision", "precision_lower", "n")}
+    old["selective"]["threshold"] = 0.5
+    legacy = Calibrator.from_dict(old)
+    assert legacy.selective.on == "probability" and legacy.selective.bound == INDEPENDENT
+    assert legacy.decide(-2.0)[0] == (legacy.decide(-2.0)[1] >= 0.5)
+    assert select_threshold(s, y, 0.9).bound == INDEPENDENT  # no groups: said, not hidden
+    assert select_threshold(s, y, 0.9, groups=np.arange(s.size)).bound == ONE_EACH
+    report = selective_report(sel.threshold, s, y, groups=g)
+    assert report["n_questions"] == np.unique(g[s >= sel.threshold]).size
+    assert report["precision_ci_low"] <= report["precision"] <= report["precision_ci_high"]
+    with pytest.raises(UsageError, match="groups"):
+        select_threshold(s, y, 0.9, groups=g[:-1])
 
 
 def test_splits_never_share_a_question():

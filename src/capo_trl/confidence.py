@@ -27,7 +27,15 @@ from pathlib import Path
 import numpy as np
 
 from .errors import UsageError
-from .selective import INDEPENDENT, QUESTIONS, Selective, clopper_pearson, select_threshold, selective_report
+from .selective import (
+    INDEPENDENT,
+    ONE_EACH,
+    QUESTIONS,
+    Selective,
+    clopper_pearson,
+    select_threshold,
+    selective_report,
+)
 
 METHODS = ("temperature", "platt", "isotonic")
 _EPS = 1e-6
@@ -220,7 +228,13 @@ def answer_or_abstain(model, tokenizer, prompt, calibrator: Calibrator, *, max_n
     """Sample one answer to ``prompt`` (text or chat messages) and keep it only if the calibrator says so."""
     import torch
 
-    from .sampling import _load_model, _load_tokenizer, _prompt_ids, _sample_transformers, _seeded
+    from .sampling import (
+        _load_model,
+        _load_tokenizer,
+        _prompt_ids,
+        _sample_transformers,
+        _seeded,
+    )
 
     path = str(model) if isinstance(model, (str, Path)) else None
     tokenizer = _load_tokenizer(tokenizer, path)
@@ -240,6 +254,6 @@ def answer_or_abstain(model, tokenizer, prompt, calibrator: Calibrator, *, max_n
     return Decision(answer if keep else None, p, text, score)
 
 
-__all__ = ["INDEPENDENT", "METHODS", "QUESTIONS", "Calibrator", "Selective", "Decision", "answer_or_abstain",
+__all__ = ["INDEPENDENT", "METHODS", "ONE_EACH", "QUESTIONS", "Calibrator", "Selective", "Decision", "answer_or_abstain",
            "check_disjoint", "clopper_pearson", "cross_fitted", "question_split", "select_threshold",
            "selective_report"]

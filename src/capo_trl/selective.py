@@ -20,8 +20,8 @@ few percent of questions being confidently and entirely wrong, so certifying a p
 tens of answered questions, whatever the number of samples each.
 
 Without groups the samples are taken as independent (one-sided Clopper-Pearson, exact then); the
-result says so in ``bound``. Either way the cut must be on a value not fitted to the same labels
-(``Calibrator.fit_threshold`` cuts on the raw score ``s``).
+result says so in ``bound``. Groups of one sample each are that case too. Either way the cut must
+be on a value not fitted to the same labels (``Calibrator.fit_threshold`` cuts on the raw score ``s``).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from .errors import UsageError
 
 INDEPENDENT = "samples (Clopper-Pearson; assumes independent samples: pass groups= when a question has several)"
 QUESTIONS = "questions (betting test on per-question sums; assumes independent questions)"
+ONE_EACH = "questions, one sample each (Clopper-Pearson; assumes independent questions)"
 _BET_CAP = 0.9  # bets stay below 0.9 / q, so one question can lose at most 90% of the capital
 _GRID = np.linspace(0.0005, 0.9995, 1000)  # precisions q the interval is read off
 
@@ -91,7 +92,8 @@ def _check(values, correct, groups, target_precision=None, confidence=0.95):
     g = np.asarray(groups).ravel()
     if g.shape != v.shape:
         raise UsageError(f"groups must name the question of each sample: got {g.size} for {v.size} samples.")
-    return v, y, np.unique(g, return_inverse=True)[1]
+    codes = np.unique(g, return_inverse=True)[1]
+    return v, y, (None if np.bincount(codes).max(initial=1) == 1 else codes)  # one each: samples are questions
 
 
 def _question_sums(answered: np.ndarray, y: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -179,7 +181,7 @@ def select_threshold(values, correct, target_precision: float, confidence: float
         hits = np.cumsum(y)[answers - 1]
         possible = np.ones(answers.size, dtype=bool)
         lower = np.where(hits > 0, beta.ppf(alpha, np.maximum(hits, 1), answers - hits + 1), 0.0)
-        ok, questions = lower >= t, np.zeros(answers.size, dtype=int)
+        ok, questions = lower >= t, (answers if groups is not None else np.zeros(answers.size, dtype=int))
     else:
         codes = codes[order]
         N, K = _question_sums(np.arange(v.size)[:, None] < answers[None, :], y, codes)
@@ -193,7 +195,7 @@ def select_threshold(values, correct, target_precision: float, confidence: float
     cols = np.flatnonzero(possible)
     ok = ok[cols]
     stop = int(np.argmin(ok)) if not ok.all() else ok.size  # the first failure ends the sequence
-    bound = INDEPENDENT if codes is None else QUESTIONS
+    bound = QUESTIONS if codes is not None else INDEPENDENT if groups is None else ONE_EACH
     if stop == 0:
         return Selective(math.inf, t, confidence, 0.0, math.nan, math.nan, int(v.size), 0, bound)
     j = cols[stop - 1]
@@ -220,10 +222,10 @@ def selective_report(threshold: float, values, correct, confidence: float = 0.95
         N, K = (a[:, 0] for a in _question_sums(answered[:, None], y, codes))
         n_max, a = float(np.bincount(codes).max()), (1 - confidence) / 2
         low, high = _question_lower(N, K, n_max, a), _question_upper(N, K, n_max, a)
-    questions = 0 if codes is None else int(np.unique(codes[answered]).size)
+    questions = n if codes is None and groups is not None else 0 if codes is None else int(np.unique(codes[answered]).size)
     return {"coverage": n / v.size if v.size else float("nan"), "precision": k / n if n else float("nan"),
             "precision_ci_low": low, "precision_ci_high": high, "n_answered": n, "n_questions": questions,
-            "bound": INDEPENDENT if codes is None else QUESTIONS}
+            "bound": QUESTIONS if codes is not None else INDEPENDENT if groups is None else ONE_EACH}
 
 
-__all__ = ["INDEPENDENT", "QUESTIONS", "Selective", "clopper_pearson", "select_threshold", "selective_report"]
+__all__ = ["INDEPENDENT", "ONE_EACH", "QUESTIONS", "Selective", "clopper_pearson", "select_threshold", "selective_report"]
