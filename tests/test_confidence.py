@@ -193,8 +193,8 @@ def test_the_threshold_is_on_the_score_and_says_what_it_assumes(tmp_path):
     back = Calibrator.load(cal.save(tmp_path / "c.json"))
     assert back.selective == sel
     old = cal.to_dict()  # a file saved before thresholds were on the score: its threshold is a probability
-    old["selective"] = {k: v for k, v in old["selective"].items() if k in ("threshold", "target_precision", "confidence",
-                                                                          "coverage", "precision", "precision_lower", "n")}
+    kept = ("threshold", "target_precision", "confidence", "coverage", "precision", "precision_lower", "n")
+    old["selective"] = {k: v for k, v in old["selective"].items() if k in kept}
     old["selective"]["threshold"] = 0.5
     legacy = Calibrator.from_dict(old)
     assert legacy.selective.on == "probability" and legacy.selective.bound == INDEPENDENT

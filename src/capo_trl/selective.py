@@ -108,14 +108,13 @@ def _question_sums(answered: np.ndarray, y: np.ndarray, codes: np.ndarray) -> tu
 def _bet_rejects(x: np.ndarray, q, alpha: float, used: np.ndarray) -> np.ndarray:
     """Per column of ``x`` (questions x tests, values in [0, 1]): does the betting test reject E[x] <= q?
 
-    Questions are taken in a fixed random order. Rows not ``used`` (no answered sample: x = q)
-    change nothing; the others bet ``lambda = min(sqrt(2 log(1/alpha) / (m sigma^2)), 0.9 / q)`` with m the
-    number of such rows and sigma^2 the running variance of the earlier ones (the plug-in bet of
-    Waudby-Smith & Ramdas for a fixed sample size).
+    Rows are questions in a fixed random order (:func:`_in_order`). Rows not ``used`` (no answered
+    sample: x = q) change nothing; the others bet ``lambda = min(sqrt(2 log(1/alpha) / (m sigma^2)), 0.9 / q)``,
+    m the number of such rows and sigma^2 the running variance of the earlier ones (the plug-in
+    bet of Waudby-Smith & Ramdas for a fixed sample size), fixed before the row is seen.
     """
     q = np.broadcast_to(np.asarray(q, dtype=float), x.shape[1:])
-    order = np.random.default_rng(0).permutation(x.shape[0])
-    x, used = x[order], np.broadcast_to(used, x.shape)[order]
+    used = np.broadcast_to(used, x.shape)
     seen = np.cumsum(used, axis=0)
     total = np.maximum(seen[-1], 1)
     sums = np.cumsum(np.where(used, x, 0.0), axis=0)
@@ -128,11 +127,18 @@ def _bet_rejects(x: np.ndarray, q, alpha: float, used: np.ndarray) -> np.ndarray
     return log_capital.max(axis=0) >= math.log(1 / alpha)
 
 
+def _in_order(N: np.ndarray, K: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Questions in one fixed random order (the bets depend on it, the guarantee does not)."""
+    order = np.random.default_rng(0).permutation(N.shape[0])
+    return N[order], K[order]
+
+
 def _question_lower(N: np.ndarray, K: np.ndarray, n_max: float, alpha: float) -> float:
     """One-sided lower bound on precision: the largest grid q with every q' <= q rejected at alpha."""
     if N.sum() == 0:
         return float("nan")
-    N, K = N[N > 0], K[N > 0]  # the others leave every capital unchanged
+    N, K = _in_order(N, K)
+    N, K = N[N > 0], K[N > 0]  # the others change no capital: the same test, less work
     x = (K[:, None] - _GRID * N[:, None]) / n_max + _GRID
     rejected = _bet_rejects(x, _GRID, alpha, N[:, None] > 0)
     first_kept = int(np.argmin(rejected)) if not rejected.all() else rejected.size
@@ -143,6 +149,7 @@ def _question_upper(N: np.ndarray, K: np.ndarray, n_max: float, alpha: float) ->
     """Its mirror image: the smallest grid q with every q' >= q rejected (precision >= q' tested)."""
     if N.sum() == 0:
         return float("nan")
+    N, K = _in_order(N, K)
     N, K = N[N > 0], K[N > 0]
     x = (_GRID * N[:, None] - K[:, None]) / n_max + (1 - _GRID)  # E[x] <= 1 - q  <=>  precision >= q
     rejected = _bet_rejects(x, 1 - _GRID, alpha, N[:, None] > 0)[::-1]
@@ -190,8 +197,8 @@ def select_threshold(values, correct, target_precision: float, confidence: float
         possible = best >= 1.5 * math.log(1 / alpha)
         ok, questions = np.zeros(answers.size, dtype=bool), (N > 0).sum(axis=0)
         if possible.any():
-            ok[possible] = _bet_rejects((K[:, possible] - t * N[:, possible]) / n_max + t, t, alpha,
-                                        N[:, possible] > 0)
+            Nq, Kq = _in_order(N[:, possible], K[:, possible])
+            ok[possible] = _bet_rejects((Kq - t * Nq) / n_max + t, t, alpha, Nq > 0)
     cols = np.flatnonzero(possible)
     ok = ok[cols]
     stop = int(np.argmin(ok)) if not ok.all() else ok.size  # the first failure ends the sequence
@@ -222,10 +229,14 @@ def selective_report(threshold: float, values, correct, confidence: float = 0.95
         N, K = (a[:, 0] for a in _question_sums(answered[:, None], y, codes))
         n_max, a = float(np.bincount(codes).max()), (1 - confidence) / 2
         low, high = _question_lower(N, K, n_max, a), _question_upper(N, K, n_max, a)
-    questions = n if codes is None and groups is not None else 0 if codes is None else int(np.unique(codes[answered]).size)
+    if codes is not None:
+        questions = int(np.unique(codes[answered]).size)
+    else:
+        questions = n if groups is not None else 0
     return {"coverage": n / v.size if v.size else float("nan"), "precision": k / n if n else float("nan"),
             "precision_ci_low": low, "precision_ci_high": high, "n_answered": n, "n_questions": questions,
             "bound": QUESTIONS if codes is not None else INDEPENDENT if groups is None else ONE_EACH}
 
 
-__all__ = ["INDEPENDENT", "ONE_EACH", "QUESTIONS", "Selective", "clopper_pearson", "select_threshold", "selective_report"]
+__all__ = ["INDEPENDENT", "ONE_EACH", "QUESTIONS", "Selective", "clopper_pearson", "select_threshold",
+           "selective_report"]
