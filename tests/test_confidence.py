@@ -80,7 +80,7 @@ def test_save_load_round_trip(tmp_path):
 # the same samples. 400 repetitions each; a failure rate of 5% gives at most this many failures in
 # 99% of runs, so a test passing here is not luck and one above it is not bad luck.
 REPS, TARGET = 400, 0.9
-MAX_FAILURES = int(binom.ppf(0.99, REPS, 0.05))  # 29 of 400
+MAX_FAILURES = int(binom.ppf(0.99, REPS, 0.05))  # 31 of 400
 
 
 @pytest.fixture
@@ -124,7 +124,7 @@ def test_grouped_samples_fail_the_target_at_most_at_the_nominal_rate(method):
         s, y, g = grouped(125, 8, rng)
         sel = Calibrator.fit(s, y, method).fit_threshold(s, y, TARGET, confidence=0.95, groups=g)
         failures += math.isfinite(sel.threshold) and grouped_precision(sel.threshold) < TARGET
-    assert failures <= MAX_FAILURES, failures  # counting samples as independent: about 50 (12%)
+    assert failures <= MAX_FAILURES, failures  # 51bb09e (samples independent, map cut): 47 Platt, 103 isotonic
 
 
 @pytest.mark.usefixtures("one_blas_thread")
@@ -137,21 +137,22 @@ def test_isotonic_cannot_choose_its_own_cut():
         y = (rng.random(1000) < np.where(s >= -0.8, 0.895, 0.3)).astype(int)
         sel = Calibrator.fit(s, y, "isotonic").fit_threshold(s, y, TARGET, confidence=0.95)
         failures += math.isfinite(sel.threshold)  # every accepted cut has precision <= 0.895
-        assert sel.bound == INDEPENDENT and sel.on == "score"
-    assert failures <= MAX_FAILURES, failures  # cutting the isotonic map instead: about 48 (12%)
+    assert failures <= MAX_FAILURES, failures  # cutting the isotonic map instead (51bb09e): 54
+    assert sel.bound == INDEPENDENT and sel.on == "score"
 
 
 @pytest.mark.usefixtures("one_blas_thread")
 def test_grouped_selection_still_answers_when_the_target_is_met():
     rng = np.random.default_rng(6)
-    coverage, failures = [], 0
+    coverage, failures, counted = [], 0, []
     for _ in range(100):
         s, y, g = grouped(250, 8, rng, easy=(9.7, 0.3))  # easy questions right 97% of the time
         sel = Calibrator.fit(s, y, "platt").fit_threshold(s, y, TARGET, groups=g)
         coverage.append(sel.coverage)
         failures += math.isfinite(sel.threshold) and grouped_precision(sel.threshold, 0.97) < TARGET
-        assert sel.bound == QUESTIONS and (sel.n_questions > 0) == math.isfinite(sel.threshold)
-    assert np.median(coverage) > 0.2 and failures <= 5  # at most 0.4 can be answered at 0.97
+        counted.append((getattr(sel, "n_questions", 0) > 0) == math.isfinite(sel.threshold))
+    assert np.median(coverage) > 0.2 and failures <= 5, failures  # at most 0.4 can be answered at 0.97
+    assert sel.bound == QUESTIONS and all(counted)
 
 
 @pytest.mark.usefixtures("one_blas_thread")
@@ -165,9 +166,9 @@ def test_grouped_interval_covers_the_true_precision():
         covered += report["precision_ci_low"] <= truth <= report["precision_ci_high"]
         naive = selective_report(cut, s, y, 0.95)
         covered_as_independent += naive["precision_ci_low"] <= truth <= naive["precision_ci_high"]
-    assert report["bound"] == QUESTIONS and naive["bound"] == INDEPENDENT
     assert covered >= binom.ppf(0.01, REPS, 0.95), covered  # 95% nominal
     assert covered_as_independent < 0.85 * REPS, covered_as_independent  # what ignoring the questions gives
+    assert report["bound"] == QUESTIONS and naive["bound"] == INDEPENDENT
 
 
 def test_select_threshold_edges():
