@@ -169,7 +169,9 @@ def select_threshold(values, correct, target_precision: float, confidence: float
     the samples), which depends on the values and groups only. With ``groups`` each test is the
     question-level betting test (module docstring), else one-sided Clopper-Pearson on samples.
     ``values`` must not be fitted on these labels (e.g. pass the raw score): a map fitted here,
-    isotonic above all, would move the cuts to where this sample happens to look good.
+    isotonic above all, would move the cuts to where this sample happens to look good. The cuts
+    are quantiles of these values and each test treats its cut as fixed; the simulations in
+    ``tests/test_confidence.py`` check the whole procedure.
     None accepted: ``threshold = inf``, coverage 0.
     """
     v, y, codes = _check(values, correct, groups, target_precision, confidence)
@@ -208,7 +210,7 @@ def select_threshold(values, correct, target_precision: float, confidence: float
     j = cols[stop - 1]
     low = float(lower[j]) if codes is None else _question_lower(N[:, j], K[:, j], n_max, alpha)
     k = float(y[:answers[j]].sum())
-    return Selective(float(v[last[tested[j]]]), t, confidence, float(answers[j] / v.size), k / answers[j], low,
+    return Selective(float(v[last[tested[j]]]), t, confidence, float(answers[j] / v.size), float(k / answers[j]), low,
                      int(v.size), int(questions[j]), bound)
 
 
