@@ -5,7 +5,9 @@
 Each model answers the embedded task's test split (--test problems x --n samples) and validation
 split (the calibration split: no problem in common) once; every calibration method is fitted on the
 validation samples and scored on the test samples: ECE and Brier before (raw exp(s)) and after, and
-the coverage, precision and its Clopper-Pearson interval at target precisions 0.90 and 0.95.
+the coverage, precision and the low end of its 95% interval at target precisions 0.90 and 0.95. The
+threshold is chosen on the validation samples with precision bounded by question, on the raw score
+s (so every method answers the same samples), and the interval on the test split is by question too.
 """
 
 import argparse
@@ -41,7 +43,8 @@ def main():
                 m = result.metrics
                 row.update({"ece": m["ece_calibrated"], "brier": m["brier_calibrated"],
                             f"coverage@{target}": m["selective/coverage"], f"precision@{target}": m["selective/precision"],
-                            f"ci_low@{target}": m["selective/precision_ci_low"]})
+                            f"ci_low@{target}": m["selective/precision_ci_low"],
+                            f"questions@{target}": m["selective/n_questions"]})
             rows.append(row)
     print(f"test {args.test} x {args.n}, calibration on validation {args.val} x {args.n}")
     print("| model | method | accuracy | AUROC | ECE raw -> calibrated | Brier raw -> calibrated | coverage @0.90 "

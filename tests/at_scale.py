@@ -21,7 +21,7 @@ from tiny import tiny_dataset
 
 from capo_trl import CAPOConfig, CAPOTrainer
 
-faulthandler.dump_traceback_later(240, exit=True)  # a hang prints every thread's stack, then fails
+faulthandler.dump_traceback_later(int(os.environ.get("AT_SCALE_DEADLINE", "240")), exit=True)  # a hang: stacks, fail
 spec = json.loads(sys.argv[1])
 result_path = sys.argv[2]
 if spec.get("vllm"):

@@ -94,3 +94,20 @@ def test_an_existing_report_is_not_overwritten_without_overwrite(tiny_model_dir,
     (tmp_path / "a-file").write_text("x")
     assert _eval(tiny_model_dir, tmp_path / "a-file", "--overwrite") == 2
     _one_line_error(capsys, "a-file", "is a file")
+
+
+def test_target_precision_is_bounded_by_question(tmp_path, capsys):
+    """The threshold and the report bound precision by question: the CLI passes each sample's problem."""
+    from capo_trl.arithmetic import embedded_model_path
+    from capo_trl.confidence import QUESTIONS
+
+    out = tmp_path / "out"
+    rc = main(["eval", "--model", embedded_model_path(), "--benchmark", "arithmetic", "--split", "test", "--limit", "8",
+               "--n", "4", "--max_new_tokens", "48", "--calibrate_on", "validation", "--calibrate_limit", "16",
+               "--target_precision", "0.5", "--out", str(out), "--no_progress"])
+    assert rc == 0
+    assert f"bound by {QUESTIONS}" in capsys.readouterr().out
+    report = json.loads((out / "report.json").read_text())
+    assert report["config"]["selective_bound"] == QUESTIONS
+    m = report["metrics"]
+    assert m["selective/n_questions"] <= 8 and m["selective/calibration_questions"] <= 16

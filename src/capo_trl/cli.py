@@ -8,6 +8,7 @@ Keep heavy work (model loading, module imports beyond the package) inside ``run_
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -136,8 +137,9 @@ def add_eval_parser(subparsers) -> None:
                    help="the map --calibrate_on fits (default platt)")
     p.add_argument("--calibrate_limit", type=int, default=None, help="use the first N calibration problems only")
     p.add_argument("--target_precision", type=float, default=None, metavar="P",
-                   help="with --calibrate_on: choose there the abstention threshold whose precision is >= P with "
-                        "95%% confidence, and report its coverage and precision on the evaluated problems")
+                   help="with --calibrate_on: choose there the abstention threshold on s whose precision is >= P "
+                        "with 95%% confidence (bounded by question), and report its coverage and precision on the "
+                        "evaluated problems")
     p.add_argument("--no_progress", action="store_true", help="hide progress bars")
     p.set_defaults(func=run_eval)
 
@@ -193,11 +195,17 @@ def run_eval(args) -> int:
               f"{result.metrics['ece']:.4f} -> {result.metrics['ece_calibrated']:.4f}, Brier {result.metrics['brier']:.4f} "
               f"-> {result.metrics['brier_calibrated']:.4f}")
     if args.target_precision is not None:
-        m = result.metrics
-        print(f"answer only where P(correct) >= {m['selective/threshold']:.4f} (chosen for precision >= "
-              f"{args.target_precision} at 95% confidence): coverage {m['selective/coverage']:.4f}, precision "
-              f"{m['selective/precision']:.4f} [{m['selective/precision_ci_low']:.4f}, "
-              f"{m['selective/precision_ci_high']:.4f}] on {m['selective/n_answered']} answered")
+        m, bound = result.metrics, result.config["selective_bound"]
+        if not math.isfinite(m["selective/threshold"]):
+            print(f"no threshold meets precision >= {args.target_precision} at 95% confidence on the calibration split "
+                  f"(bound by {bound}): always abstain")
+        else:
+            print(f"answer only where s >= {m['selective/threshold']:.4f} (P(correct) >= "
+                  f"{m['selective/probability']:.4f}; chosen for precision >= {args.target_precision} at 95% "
+                  f"confidence, bound by {bound}): coverage {m['selective/coverage']:.4f}, precision "
+                  f"{m['selective/precision']:.4f} [{m['selective/precision_ci_low']:.4f}, "
+                  f"{m['selective/precision_ci_high']:.4f}] on {m['selective/n_answered']} answered samples of "
+                  f"{m['selective/n_questions']} questions")
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
 

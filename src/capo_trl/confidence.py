@@ -4,10 +4,11 @@ CAPO trains ``s`` to *rank* right answers above wrong ones; a ranking is not a p
 ``exp(s)`` is far too confident). :class:`Calibrator` fits a monotone map ``s -> P(correct)`` on a
 held-out calibration split (temperature scaling, Platt/logistic, or isotonic regression from
 scikit-learn), saves it as a small JSON file next to the model, and applies it to new samples
-without scikit-learn objects. :meth:`Calibrator.fit_threshold` then picks the lowest probability at
-which answering still meets a target precision with a stated confidence, by fixed-sequence testing
-of Clopper-Pearson lower bounds (thresholds tried from the most confident down, stopping at the
-first that fails, so the chance of ending below the target is at most ``1 - confidence``).
+without scikit-learn objects. :meth:`Calibrator.fit_threshold` then picks the lowest score at
+which answering still meets a target precision with a stated confidence (:mod:`capo_trl.selective`:
+fixed-sequence tests from the most confident down, at the question level when ``groups`` says which
+question each sample answers, so the chance of ending below the target is at most
+``1 - confidence``).
 :func:`answer_or_abstain` is the inference-time rule: a question in, the answer or None out, with
 the probability.
 
@@ -26,6 +27,15 @@ from pathlib import Path
 import numpy as np
 
 from .errors import UsageError
+from .selective import (
+    INDEPENDENT,
+    ONE_EACH,
+    QUESTIONS,
+    Selective,
+    clopper_pearson,
+    select_threshold,
+    selective_report,
+)
 
 METHODS = ("temperature", "platt", "isotonic")
 _EPS = 1e-6
@@ -57,19 +67,6 @@ def _arrays(scores, correct=None, lengths=None):
         if x.shape != s.shape or not np.all(np.isfinite(x)):
             raise UsageError("lengths must be one finite number per score.")
     return s, y, x
-
-
-@dataclass
-class Selective:
-    """Answer only where the calibrated probability is >= ``threshold`` (``inf``: the target cannot be met)."""
-
-    threshold: float
-    target_precision: float
-    confidence: float
-    coverage: float  # on the calibration split
-    precision: float  # on the calibration split, of the answered samples
-    precision_lower: float  # its one-sided Clopper-Pearson lower bound at ``confidence``
-    n: int
 
 
 @dataclass
@@ -128,16 +125,29 @@ class Calibrator:
         return np.interp(s, self.params["x"], self.params["y"])
 
     def fit_threshold(self, scores, correct, target_precision: float, confidence: float = 0.95,
-                      lengths=None) -> Selective:
-        """Choose the abstention threshold on a calibration split (stored in ``self.selective``)."""
+                      lengths=None, groups=None) -> Selective:
+        """Choose the abstention threshold on a calibration split (stored in ``self.selective``).
+
+        ``groups``: the question of each sample (bound by question; without it the samples are
+        taken as independent). The cut is on the raw score s, not on this map's output: the map
+        was fitted on the same labels, and isotonic's flat blocks sit where this sample's
+        precision happens to be high, so cuts on them would pass the test more often than they
+        should. s has the same order as any increasing map of it.
+        """
         s, y, x = _arrays(scores, correct, lengths)
-        self.selective = select_threshold(self.predict(s, x), y, target_precision, confidence)
-        return self.selective
+        sel = select_threshold(s, y, target_precision, confidence, groups=groups)
+        sel.on = "score"
+        if math.isfinite(sel.threshold):
+            sel.probability = float(self.predict(s, x)[s >= sel.threshold].min())
+        self.selective = sel
+        return sel
 
     def decide(self, score: float, length: float | None = None) -> tuple[bool, float]:
         """(answer?, P(correct)) for one sample; answers always when no threshold was fitted."""
         p = float(self.predict([score], None if length is None else [length])[0])
-        return (self.selective is None or p >= self.selective.threshold), p
+        if self.selective is None:
+            return True, p
+        return (score if self.selective.on == "score" else p) >= self.selective.threshold, p
 
     # ---- files -------------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -166,64 +176,6 @@ class Calibrator:
     @classmethod
     def load(cls, path) -> Calibrator:
         return cls.from_dict(json.loads(Path(path).read_text()))
-
-
-# ---------------------------------------------------------------------------------------- selective
-def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Two-sided exact binomial interval for k successes in n, at ``confidence``."""
-    from scipy.stats import beta
-
-    a = 1 - confidence
-    low = 0.0 if k == 0 else float(beta.ppf(a / 2, k, n - k + 1))
-    high = 1.0 if k == n else float(beta.ppf(1 - a / 2, k + 1, n - k))
-    return low, high
-
-
-def select_threshold(values, correct, target_precision: float, confidence: float = 0.95) -> Selective:
-    """The lowest threshold on ``values`` whose answered set has precision >= target with ``confidence``.
-
-    Candidate thresholds answer 5%, 7.5%, ... 100% of the samples (cut at distinct values), tried from
-    the highest down; each is accepted when the one-sided Clopper-Pearson lower bound of
-    the answered samples' precision is >= the target, and the scan stops at the first that fails
-    (fixed-sequence testing: no multiplicity correction needed). None accepted: ``threshold = inf``,
-    coverage 0.
-    """
-    if not 0 < target_precision < 1:
-        raise UsageError(f"target_precision must be in (0, 1), got {target_precision!r}.")
-    if not 0 < confidence < 1:
-        raise UsageError(f"confidence must be in (0, 1), got {confidence!r}.")
-    v, y, _ = _arrays(values, correct)
-    from scipy.stats import beta
-
-    order = np.argsort(-v, kind="stable")
-    v, y = v[order], y[order]
-    hits = np.cumsum(y)
-    last = np.r_[np.flatnonzero(np.diff(v) != 0), v.size - 1]  # last index of each distinct value
-    k, n = hits[last], last + 1
-    lower = np.where(k > 0, beta.ppf(1 - confidence, np.maximum(k, 1), n - k + 1), 0.0)  # one-sided
-    # The sequence starts where a test can pass at all (n correct of n must clear the target) and has
-    # some power (5% of the samples): that start depends on the sample count only, not on the labels.
-    # Tested on a grid of 40 coverage levels (fewer tests, each adding data, fail less by chance).
-    start = max(math.ceil(math.log(1 - confidence) / math.log(target_precision)), math.ceil(v.size / 20))
-    wanted = np.unique(np.clip(np.ceil(np.arange(1, 41) / 40 * v.size), start, v.size).astype(int))
-    tested = np.unique(np.searchsorted(n, wanted))  # the first distinct-value cut answering >= each level
-    ok = lower[tested] >= target_precision
-    stop = int(np.argmin(ok)) if not ok.all() else ok.size  # the first failure ends the sequence
-    if stop == 0:
-        return Selective(math.inf, target_precision, confidence, 0.0, float("nan"), float("nan"), int(v.size))
-    j = tested[stop - 1]
-    return Selective(float(v[last[j]]), target_precision, confidence, float(n[j] / v.size), float(k[j] / n[j]),
-                     float(lower[j]), int(v.size))
-
-
-def selective_report(threshold: float, values, correct, confidence: float = 0.95) -> dict[str, float]:
-    """Coverage, precision and its Clopper-Pearson interval of answering where ``values >= threshold``."""
-    v, y, _ = _arrays(values, correct)
-    answered = v >= threshold
-    n, k = int(answered.sum()), int(y[answered].sum())
-    low, high = clopper_pearson(k, n, confidence) if n else (float("nan"), float("nan"))
-    return {"coverage": n / v.size if v.size else float("nan"), "precision": k / n if n else float("nan"),
-            "precision_ci_low": low, "precision_ci_high": high, "n_answered": n}
 
 
 # ---------------------------------------------------------------------------------------- splits
@@ -276,7 +228,13 @@ def answer_or_abstain(model, tokenizer, prompt, calibrator: Calibrator, *, max_n
     """Sample one answer to ``prompt`` (text or chat messages) and keep it only if the calibrator says so."""
     import torch
 
-    from .sampling import _load_model, _load_tokenizer, _prompt_ids, _sample_transformers, _seeded
+    from .sampling import (
+        _load_model,
+        _load_tokenizer,
+        _prompt_ids,
+        _sample_transformers,
+        _seeded,
+    )
 
     path = str(model) if isinstance(model, (str, Path)) else None
     tokenizer = _load_tokenizer(tokenizer, path)
@@ -296,5 +254,6 @@ def answer_or_abstain(model, tokenizer, prompt, calibrator: Calibrator, *, max_n
     return Decision(answer if keep else None, p, text, score)
 
 
-__all__ = ["METHODS", "Calibrator", "Selective", "Decision", "answer_or_abstain", "check_disjoint",
-           "clopper_pearson", "cross_fitted", "question_split", "select_threshold", "selective_report"]
+__all__ = ["INDEPENDENT", "METHODS", "ONE_EACH", "QUESTIONS", "Calibrator", "Selective", "Decision", "answer_or_abstain",
+           "check_disjoint", "clopper_pearson", "cross_fitted", "question_split", "select_threshold",
+           "selective_report"]

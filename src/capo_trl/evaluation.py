@@ -215,8 +215,10 @@ def evaluate(model, tokenizer, problems, n: int = 16, *, ks: list[int] | None = 
     the same way; a :class:`~capo_trl.confidence.Calibrator` (``calibration``: temperature, platt or
     isotonic) is fitted there and its P(correct) reported on ``problems`` (``ece_calibrated``,
     ``brier_calibrated``, per-sample ``probability``, ``config["calibrator"]``). With
-    ``target_precision`` the abstention threshold is chosen on the calibration split too and its
-    coverage and precision (with a Clopper-Pearson interval) measured here (``selective/*``).
+    ``target_precision`` the abstention threshold on ``s`` is chosen on the calibration split too,
+    with precision bounded by question, and its coverage and precision (with a question-level
+    interval) measured here (``selective/*``; ``config["selective_bound"]`` says what the bound
+    assumes).
     """
     from . import confidence as conf
 
@@ -280,16 +282,17 @@ def recalibrate(result: EvalResult, calibration_samples: list[dict], method: str
     """Fit a :class:`~capo_trl.confidence.Calibrator` on ``calibration_samples`` and report it on ``result``.
 
     Adds ``ece_calibrated``, ``brier_calibrated``, the calibrated reliability bins, a per-sample
-    ``probability`` and ``config["calibrator"]``; with ``target_precision`` the threshold chosen on the
-    calibration samples and its ``selective/*`` coverage and precision here. Returns the calibrator.
+    ``probability`` and ``config["calibrator"]``; with ``target_precision`` the threshold on ``s`` chosen
+    on the calibration samples (bounded by question, ``id``) and its ``selective/*`` coverage and
+    precision here. Returns the calibrator.
     """
     from . import confidence as conf
 
     graded = [r for r in calibration_samples if r["grade"] is not None]
     calibrator = conf.Calibrator.fit([r["score"] for r in graded], [r["grade"] for r in graded], method)
-    if target_precision is not None:
+    if target_precision is not None:  # bound by question: a question's n samples are correlated
         calibrator.fit_threshold([r["score"] for r in graded], [r["grade"] for r in graded], target_precision,
-                                 confidence)
+                                 confidence, groups=[r["id"] for r in graded])
     usable = [r for r in result.samples if r["grade"] is not None]
     probability = calibrator.predict([r["score"] for r in result.samples])
     for r, p_cal in zip(result.samples, probability):
@@ -302,9 +305,12 @@ def recalibrate(result: EvalResult, calibration_samples: list[dict], method: str
     result.curves["reliability_calibrated"] = _reliability_curve(p, y, n_bins)
     if calibrator.selective is not None:
         sel = calibrator.selective
-        report = conf.selective_report(sel.threshold, p, y, confidence)
+        report = conf.selective_report(sel.threshold, [r["score"] for r in usable], y, confidence,
+                                       groups=[r["id"] for r in usable])
+        result.config["selective_bound"] = report.pop("bound")
         m.update({"selective/target_precision": target_precision, "selective/threshold": sel.threshold,
-                  "selective/calibration_coverage": sel.coverage, **{f"selective/{k}": v for k, v in report.items()}})
+                  "selective/probability": sel.probability, "selective/calibration_coverage": sel.coverage,
+                  "selective/calibration_questions": sel.n_questions, **{f"selective/{k}": v for k, v in report.items()}})
     result.config["calibrator"] = calibrator.to_dict()
     result.config["calibration_samples"] = len(graded)
     return calibrator
