@@ -25,9 +25,9 @@ from .tasks import _BOX_OPEN, CORRECT, WRONG
 
 _PERCENT = re.compile(r"%|percent|pct", re.IGNORECASE)
 _CLOSES_ENV = re.compile(r"\$|\\\)|\\\]|\][\s]")  # ends a $..$, \(..\), \[..\] or " [..] " environment
-_INT = r"-?(?:0|[1-9]\d{0,17})"
-_NUMBER = re.compile(rf"(?P<int>{_INT})(?:\.(?P<dec>\d{{1,12}}))?")
-_FRAC = re.compile(r"(?P<neg>-?)\\[dt]?frac\{(?P<p>\d{1,18})\}\{(?P<q>[1-9]\d{0,17})\}")
+_INT = r"-?(?:0|[1-9][0-9]{0,17})"
+_NUMBER = re.compile(rf"(?P<int>{_INT})(?:\.(?P<dec>[0-9]{{0,11}}[1-9]))?")
+_FRAC = re.compile(r"(?P<neg>-?)\\[dt]?frac\{(?P<p>[0-9]{1,18})\}\{(?P<q>[1-9][0-9]{0,17})\}")
 _INTEGER = re.compile(_INT)
 # math-verify calls floats equal when they agree to 6 decimals; far beyond that they differ.
 _APART = Fraction(1, 10**4)
