@@ -13,7 +13,10 @@ content (else None), and it is what grading is deduplicated and cached on.
 :func:`fast_verdict` then decides two cases without sympy: the same content as the gold's box
 (math-verify compares the extracted strings first: correct once the gold parses) and two plain
 numbers that differ by far more than math-verify's rounding (wrong). Everything else goes to the
-workers. ``tests/test_grader_fast.py`` checks both against the full path on the benchmark files.
+workers. Numbers are ASCII digits only, decimals without trailing zeros (the normalisation strips
+them, and math-verify compares equal decimals of 16+ digits written with different trailing zeros
+as different). ``tests/test_grader_fast.py`` checks both against the full path on the benchmark
+files, ``tests/test_grader_properties.py`` on generated notations.
 """
 
 from __future__ import annotations

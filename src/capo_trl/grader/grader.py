@@ -1,4 +1,4 @@
-"""The grading API: grade completions against gold answers, compare two answers, extract one; with caches."""
+"""The grading API: grade completions against gold answers, compare two answers, extract one; the pool's owner."""
 
 from __future__ import annotations
 
