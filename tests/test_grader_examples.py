@@ -24,10 +24,13 @@ WRONG = [  # (completion, gold): different values
     ("\\boxed{2\u00a0000}", "0"),  # a no-break space read as 2*000
     ("\\boxed{2 000}", "0"),
     ("\\boxed{1\\,251}", "252"),  # latex2sympy reads 1\,251 as 1+251
+    ("\\boxed{1\\;251}", "252"),
+    ("\\boxed{1\\thinspace 251}", "252"),
     ("\\boxed{2e+1}", "20"),  # 2e + 1 with Euler's e
     ("\\boxed{4e-3}", "0.004"),
     ("\\boxed{1–3}", "-2"),  # an en dash between operands may be a range: not a minus
     ("\\boxed{2 – 3}", "-1"),
+    ("\\boxed{π–1}", "\\pi - 1"),
     ("\\boxed{x²⁄₃}", "\\frac{2x}{3}"),  # after a letter: not a fraction
     ("\\boxed{10 100 1000}", "10100000"),  # not thousands groups
 ]
@@ -36,6 +39,8 @@ RIGHT = [  # (completion, gold): the same value
     ("\\boxed{2\u00a0000}", "2000"),
     ("\\boxed{1\\,251}", "1251"),
     ("\\boxed{1 000}", "1000"),
+    ("\\boxed{1\\;251}", "1251"),
+    ("\\boxed{1\u2009251}", "1251"),
     ("\\boxed{12\u202f345\u202f678}", "12345678"),
     ("\\boxed{2e+1}", "1+2e"),
     ("\\boxed{4e-3}", "4e - 3"),

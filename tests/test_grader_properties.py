@@ -6,6 +6,7 @@ label, and no completion whose answer has a different value from the gold's ever
 Derandomized (a fixed seed): every run checks the same items.
 """
 
+import re
 from fractions import Fraction
 
 import pytest
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 from capo_trl.grader import MathGrader
 
 _DENOMS = [1, 1, 1, 2, 3, 4, 5, 7, 8, 10, 12, 16, 20, 25, 100]
-_SEPS = [" ", "\\,", "\u00a0", "\u202f", "~", "\\ "]
+_SEPS = [" ", "\\,", "\\;", "\\:", "\\thinspace ", "\u00a0", "\u202f", "\u2009", "~", "\\ "]
 _MINUS = ["-", "\u2212", "\u2013"]  # hyphen-minus, minus sign, en dash (leading: a minus)
 _FULL = str.maketrans("0123456789", "０１２３４５６７８９")
 _ARABIC = str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩")
@@ -120,8 +121,7 @@ def pair(draw):
     # "digits": thousands groups against what the separator would make of them
     n = draw(st.integers(1000, 10**7))
     text = _grouped(n, draw(st.sampled_from(_SEPS)))
-    parts = [int(x) for x in text.replace("\\,", " ").replace("\\ ", " ").replace("~", " ").replace("\u00a0", " ")
-             .replace("\u202f", " ").split()]  # fmt: skip
+    parts = [int(x) for x in re.split(r"\D+", text)]
     product, total = 1, 0
     for x in parts:
         product, total = product * x, total + x

@@ -13,13 +13,19 @@ import unicodedata
 # Only where no other reading is plausible: ``2e+1`` and ``4e-3`` may be 2e+1 and 4e-3 (Euler).
 _SCI = re.compile(r"(?<![\w.\\])([0-9]+)(\.[0-9]+)?([eE])([+-]?)([0-9]{1,4})(?![\w.])")
 # Digit groups: ``1 000``, ``1\,251``, ``2~000`` (what NFKC makes of no-break and thin spaces too).
-# latex2sympy reads ``2 000`` as 2*000 = 0 and ``1\,251`` as 252. A group that another group or
-# a decimal point precedes or follows (``3.141 592``, ``10 100 1000``) is left alone.
-_SEP = r"(?: |~|\\,|\\ )"
+# latex2sympy reads ``2 000`` as 2*000 = 0 and ``1\,251`` or ``1\;251`` as 252. A group that another
+# group or a decimal point precedes or follows (``3.141 592``, ``10 100 1000``) is left alone.
+_SEP = r"(?: |~|\\[,;: ]|\\thinspace ?)"
 _THOUSANDS = re.compile(
-    rf"(?<![0-9.])(?<![0-9][ ~])(?<![0-9]\\[, ])[0-9]{{1,3}}(?:{_SEP}[0-9]{{3}})+(?![0-9])(?!{_SEP}[0-9])"
+    r"(?<![0-9.])(?<![0-9][ ~])(?<![0-9]\\[,;: ])(?<![0-9]\\thinspace)(?<![0-9]\\thinspace )"
+    rf"[0-9]{{1,3}}(?:{_SEP}[0-9]{{3}})+(?![0-9])(?!{_SEP}[0-9])"
 )
 _SEP_RE = re.compile(_SEP)
+# Cheap first checks (a pattern that starts with a digit is scanned fast; one that starts with a
+# lookbehind is tried at every position): the rewrites run only where one of these matches.
+_MAYBE_GROUPS = re.compile(rf"[0-9]{_SEP}[0-9]{{3}}")
+_MAYBE_TRAIL = re.compile(r"[0-9]\.(?:[0-9]*0(?![0-9])|\s*(?:\}|\$|\\\]|\\\)|$))")
+_MAYBE_SCI = re.compile(r"[0-9][eE][+-]?[0-9]")
 # ``1.50`` -> ``1.5``, ``2.0`` -> ``2`` (math-verify builds Floats of different precision for equal
 # decimals of 16+ digits); not before ``\overline``, ``{``, ``.`` or another digit.
 _TRAIL_ZEROS = re.compile(r"(?<![0-9.])([0-9]+)\.([0-9]*?)0+(?![0-9.\\{])")
@@ -59,7 +65,7 @@ _ROOT_ARG = re.compile(
 _OTHER_DIGIT = re.compile(r"(?![0-9])\d")
 # Hyphen, figure dash, en dash as a minus sign, only where no operand precedes (``–3``, ``(–1, 2)``):
 # ``1–3`` and ``2 – 3`` may be ranges and stay as they are (math-verify then reads nothing).
-_DASH = re.compile(r"([0-9A-Za-z)}\]|!]?)(\s*)[\u2010-\u2013]")
+_DASH = re.compile(r"((?:[^\W_]|[)}\]|!])?)(\s*)[\u2010-\u2013]")
 # ℝ ℤ ... before NFKC, which makes plain letters of them.
 _BLACKBOARD = str.maketrans({c: f"\\mathbb{{{n}}}" for c, n in zip("ℝℤℕℂℚℍℙ", "RZNCQHP")})
 _ROOT_CMD = {"√": r"\sqrt", "∛": r"\sqrt[3]", "∜": r"\sqrt[4]"}
@@ -181,10 +187,11 @@ def _scientific(m: re.Match) -> str:
 def _normalize(text: str) -> str:
     """Rewrite notations math-verify misreads; a no-op for everything else."""
     text = _unicode_math(text)
-    text = _THOUSANDS.sub(lambda m: _SEP_RE.sub("", m.group()), text)
-    if "." in text:
+    if _MAYBE_GROUPS.search(text):
+        text = _THOUSANDS.sub(lambda m: _SEP_RE.sub("", m.group()), text)
+    if _MAYBE_TRAIL.search(text):
         text = _TRAIL_DOT.sub(r"\1", _TRAIL_ZEROS.sub(_trim_zeros, text))
-    if "e" in text or "E" in text:
+    if _MAYBE_SCI.search(text):
         text = _SCI.sub(_scientific, text)
     if "\\" in text:
         text = _BARE_ARG.sub(lambda m: f"\\{m.group(1)}{{{m.group(2) or m.group(3)}}}", text)
