@@ -125,3 +125,14 @@ def test_text_only_answers_keep_their_structure():
     assert _canon("E_{1},E_{2}") == _canon("E_1, E_2") == "e_1,e_2"
     assert _canon("\\text{Evelyn}") == _canon("Evelyn")
     assert _canon("\\frac{1}{2}") == _canon("\\frac12")  # the same TeX
+
+
+def test_new_rewrites_are_linear():
+    """They run in the parent process, outside any deadline: no input may make them slow."""
+    import time
+
+    for text in [" " * 20000 + "x é", (" " * 50 + "–") * 2000, "1." + "0" * 20000 + "1", " 000" * 20000,
+                 "1." * 20000 + "é", "²" * 20000 + "/x", "1 e" * 20000]:  # fmt: skip
+        t0 = time.perf_counter()
+        _normalize(text)
+        assert time.perf_counter() - t0 < 1.0, text[:20]

@@ -65,7 +65,7 @@ _ROOT_ARG = re.compile(
 _OTHER_DIGIT = re.compile(r"(?![0-9])\d")
 # Hyphen, figure dash, en dash as a minus sign, only where no operand precedes (``–3``, ``(–1, 2)``):
 # ``1–3`` and ``2 – 3`` may be ranges and stay as they are (math-verify then reads nothing).
-_DASH = re.compile(r"((?:[^\W_]|[)}\]|!])?)(\s*)[\u2010-\u2013]")
+_DASH = re.compile("[\u2010-\u2013]")
 # ℝ ℤ ... before NFKC, which makes plain letters of them.
 _BLACKBOARD = str.maketrans({c: f"\\mathbb{{{n}}}" for c, n in zip("ℝℤℕℂℚℍℙ", "RZNCQHP")})
 _ROOT_CMD = {"√": r"\sqrt", "∛": r"\sqrt[3]", "∜": r"\sqrt[4]"}
@@ -91,6 +91,14 @@ _SYMBOLS = str.maketrans(
 def _vulgar(m: re.Match) -> str:
     num, den = unicodedata.normalize("NFKC", m.group()).split("\u2044")
     return f"\\frac{{{num}}}{{{den}}}"  # after a digit: 1\frac{1}{2} is a mixed number to math-verify
+
+
+def _dash(text: str, i: int) -> str:
+    """``-`` for the dash at ``text[i]`` when no operand precedes it (spaces skipped), else the dash."""
+    j = i - 1
+    while j >= 0 and text[j].isspace():
+        j -= 1  # linear overall: the scan stops at the previous non-space, at worst the previous dash
+    return text[i] if j >= 0 and (text[j].isalnum() or text[j] in ")}]|!") else "-"
 
 
 def _supsub_frac(m: re.Match) -> str:
@@ -149,7 +157,7 @@ def _unicode_math(text: str) -> str:
     if _OTHER_DIGIT.search(text):
         text = _OTHER_DIGIT.sub(lambda m: str(unicodedata.decimal(m.group())), text)
     if _DASH.search(text):
-        text = _DASH.sub(lambda m: m.group() if m.group(1) else m.group(2) + "-", text)
+        text = _DASH.sub(lambda m: _dash(text, m.start()), text)
     if "\u2044" in text or "\u2215" in text:
         text = _SLASH_FRAC.sub(r"\\frac{\1}{\2}", text)
     if "√" in text or "∛" in text or "∜" in text:
