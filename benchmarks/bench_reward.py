@@ -160,7 +160,8 @@ def main():
     ap.add_argument("--skip-full", action="store_true", help="skip the label check against the full path")
     args = ap.parse_args()
     if args.shared is None:
-        args.shared = write_sample(Path(tempfile.mkdtemp(prefix="bench_reward_")))
+        scratch = tempfile.TemporaryDirectory(prefix="bench_reward_")  # removed when the script ends
+        args.shared = write_sample(Path(scratch.name))
         print(f"data: the sample in tests/data (no --shared given), split into {args.shared}")
     elif missing := missing_files(args.shared):
         ap.error(f"--shared {args.shared} lacks {', '.join(missing)}: pass the folder that holds the benchmark files")
