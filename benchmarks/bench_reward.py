@@ -1,6 +1,10 @@
 """Benchmark: capo_trl's MathReward vs TRL's ``trl.rewards.accuracy_reward`` (prints, not a test).
 
-    HF_HUB_OFFLINE=1 python benchmarks/bench_reward.py [--shared ../shared/benchmarks] [--per-file 500]
+    HF_HUB_OFFLINE=1 python benchmarks/bench_reward.py [--shared DIR] [--per-file 500]
+
+Without ``--shared`` it runs on the sample shipped with the tests (``tests/data/benchmarks_sample.jsonl``,
+30 rows per benchmark); ``--shared DIR`` reads the full files (``math500.jsonl``, ``aime24.jsonl``,
+``amc23.jsonl``, ``minerva.jsonl``, ``olympiadbench.jsonl``, ``math_train.jsonl``) from ``DIR``.
 
 Two workloads from the benchmark gold answers (``tests/reward_workloads.py``), each item with the
 label a careful grader should give:
@@ -26,12 +30,13 @@ import select
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
-from reward_workloads import grpo_workload, mixed_workload  # noqa: E402
+from reward_workloads import grpo_workload, missing_files, mixed_workload, write_sample  # noqa: E402
 
 TRL_WORKER = r"""
 import json, logging, sys, time
@@ -141,7 +146,8 @@ def identical_to_full_path(name, items, ours_scores, args):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shared", type=Path, default=HERE.parents[1] / "shared" / "benchmarks")
+    ap.add_argument("--shared", type=Path, default=None,
+                    help="folder of the benchmark .jsonl files (default: the sample shipped with the tests)")
     ap.add_argument("--per-file", type=int, default=None, help="mixed workload: golds per benchmark file")
     ap.add_argument("--problems", type=int, default=512, help="GRPO workload: problems per epoch")
     ap.add_argument("--epochs", type=int, default=2, help="GRPO workload: passes over the problems")
@@ -153,6 +159,14 @@ def main():
     ap.add_argument("--skip-mixed", action="store_true")
     ap.add_argument("--skip-full", action="store_true", help="skip the label check against the full path")
     args = ap.parse_args()
+    if args.shared is None:
+        scratch = tempfile.TemporaryDirectory(prefix="bench_reward_")  # removed when the script ends
+        args.shared = write_sample(Path(scratch.name))
+        print(f"data: the sample in tests/data (no --shared given), split into {args.shared}")
+    elif missing := missing_files(args.shared):
+        ap.error(f"--shared {args.shared} lacks {', '.join(missing)}: pass the folder that holds the benchmark files")
+    else:
+        print(f"data: {args.shared}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from capo_trl.rewards import MathReward
 

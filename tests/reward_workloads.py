@@ -19,6 +19,7 @@ from pathlib import Path
 
 FILES = ["math500", "aime24", "amc23", "minerva", "olympiadbench"]
 GRPO_FILES = ["math500", "math_train"]
+SAMPLE = Path(__file__).resolve().parent / "data" / "benchmarks_sample.jsonl"  # 30 rows per test benchmark
 PATHOLOGICAL = [
     r"So the answer is \boxed{9^{9^{9^{9}}}}",
     r"\boxed{(10^{7})!}",
@@ -43,6 +44,22 @@ _ENDINGS = [
     "Putting it together, we get \\[\\boxed{{{x}}}\\]",
     "The answer is \\boxed{{{x}}}.",
 ]
+
+
+def missing_files(shared: Path) -> list[str]:
+    """The benchmark files the workloads read that ``shared`` lacks."""
+    return [f"{name}.jsonl" for name in dict.fromkeys(FILES + GRPO_FILES) if not (shared / f"{name}.jsonl").is_file()]
+
+
+def write_sample(out: Path) -> Path:
+    """The sample shipped with the tests, one file per benchmark in ``out`` (its MATH500 rows stand in
+    for MATH train, which the sample lacks); returns ``out``."""
+    rows_ = [json.loads(line) for line in SAMPLE.open()]
+    out.mkdir(parents=True, exist_ok=True)
+    for name in dict.fromkeys(FILES + GRPO_FILES):
+        mine = [r for r in rows_ if r["benchmark"] == (name if name != "math_train" else "math500")]
+        (out / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in mine))
+    return out
 
 
 def rows(shared: Path, name: str, limit: int | None = None) -> list[dict]:

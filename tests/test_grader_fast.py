@@ -1,19 +1,17 @@
 """The grader's exact shortcuts, deduplication, cache and chunks: never a label the full path would not give."""
 
-import json
 import random
 from fractions import Fraction
 from pathlib import Path
 
 import pytest
-from reward_workloads import grpo_workload, mixed_workload
+from reward_workloads import grpo_workload, missing_files, mixed_workload, write_sample
 
 from capo_trl.grader import MathGrader
 from capo_trl.grader.fast import answer_key, fast_verdict, plain_number
 from capo_trl.grader.normalize import prepared_text
 from capo_trl.grader.tasks import CORRECT, WRONG
 
-DATA = Path(__file__).resolve().parent / "data"
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"
 
 
@@ -25,14 +23,9 @@ def graders():
 
 def _shared_or_sample(tmp_path_factory) -> Path:
     """The shared benchmark files, or (CI without them) the sample shipped with the tests, split per file."""
-    if (SHARED / "math500.jsonl").exists() and (SHARED / "math_train.jsonl").exists():
+    if SHARED.is_dir() and not missing_files(SHARED):
         return SHARED
-    out = tmp_path_factory.mktemp("benchmarks")
-    rows = [json.loads(line) for line in (DATA / "benchmarks_sample.jsonl").open()]
-    for name in ("math500", "aime24", "amc23", "minerva", "olympiadbench", "math_train"):
-        mine = [r for r in rows if r["benchmark"] == (name if name != "math_train" else "math500")]
-        (out / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in mine))
-    return out
+    return write_sample(tmp_path_factory.mktemp("benchmarks"))
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,9 @@
 """The math grader: math-verify in killable worker processes, with gold-answer fixes.
 
-Layers: ``normalize`` (pure string work), ``tasks`` (what runs in a worker), ``pool`` (the watched
-worker pool), ``grader`` (:class:`MathGrader`: the API and its caches; :func:`default_grader`: one
+Layers, each importing only those before it: ``normalize`` (pure string work), ``tasks`` (what runs
+in a worker), ``fast`` (exact shortcuts in the parent), ``pool`` (the watched worker pool),
+``memory`` (golds and verdicts remembered across calls), ``call`` (one grading call: grouping,
+deduplication, probes), ``grader`` (:class:`MathGrader`: the API; :func:`default_grader`: one
 shared instance per process). TRL reward functions over it are in :mod:`capo_trl.rewards`.
 
 Why workers: math-verify's timeouts use ``signal.alarm`` (main thread only) and cannot interrupt C

@@ -13,7 +13,10 @@ content (else None), and it is what grading is deduplicated and cached on.
 :func:`fast_verdict` then decides two cases without sympy: the same content as the gold's box
 (math-verify compares the extracted strings first: correct once the gold parses) and two plain
 numbers that differ by far more than math-verify's rounding (wrong). Everything else goes to the
-workers. ``tests/test_grader_fast.py`` checks both against the full path on the benchmark files.
+workers. Numbers are ASCII digits only, decimals without trailing zeros (the normalisation strips
+them, and math-verify compares equal decimals of 16+ digits written with different trailing zeros
+as different). ``tests/test_grader_fast.py`` checks both against the full path on the benchmark
+files, ``tests/test_grader_properties.py`` on generated notations.
 """
 
 from __future__ import annotations
@@ -25,9 +28,9 @@ from .tasks import _BOX_OPEN, CORRECT, WRONG
 
 _PERCENT = re.compile(r"%|percent|pct", re.IGNORECASE)
 _CLOSES_ENV = re.compile(r"\$|\\\)|\\\]|\][\s]")  # ends a $..$, \(..\), \[..\] or " [..] " environment
-_INT = r"-?(?:0|[1-9]\d{0,17})"
-_NUMBER = re.compile(rf"(?P<int>{_INT})(?:\.(?P<dec>\d{{1,12}}))?")
-_FRAC = re.compile(r"(?P<neg>-?)\\[dt]?frac\{(?P<p>\d{1,18})\}\{(?P<q>[1-9]\d{0,17})\}")
+_INT = r"-?(?:0|[1-9][0-9]{0,17})"
+_NUMBER = re.compile(rf"(?P<int>{_INT})(?:\.(?P<dec>[0-9]{{0,11}}[1-9]))?")
+_FRAC = re.compile(r"(?P<neg>-?)\\[dt]?frac\{(?P<p>[0-9]{1,18})\}\{(?P<q>[1-9][0-9]{0,17})\}")
 _INTEGER = re.compile(_INT)
 # math-verify calls floats equal when they agree to 6 decimals; far beyond that they differ.
 _APART = Fraction(1, 10**4)

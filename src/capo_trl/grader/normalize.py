@@ -10,15 +10,38 @@ import re
 import unicodedata
 
 # ``4.5e33`` -> ``4.5\times10^{33}``: math-verify reads ``e`` as Euler's number (docs/reward.md).
-_SCI = re.compile(r"(?<![\w.\\])(\d+(?:\.\d+)?)[eE]([+-]?\d{1,4})(?![\w.])")
+# Only where no other reading is plausible: ``2e+1`` and ``4e-3`` may be 2e+1 and 4e-3 (Euler).
+_SCI = re.compile(r"(?<![\w.\\])([0-9]+)(\.[0-9]+)?([eE])([+-]?)([0-9]{1,4})(?![\w.])")
+# Digit groups: ``1 000``, ``1\,251``, ``2~000`` (what NFKC makes of no-break and thin spaces too).
+# latex2sympy reads ``2 000`` as 2*000 = 0 and ``1\,251`` or ``1\;251`` as 252. A group that another
+# group or a decimal point precedes or follows (``3.141 592``, ``10 100 1000``) is left alone.
+_SEP = r"(?: |~|\\[,;: ]|\\thinspace ?)"
+_THOUSANDS = re.compile(
+    r"(?<![0-9.])(?<![0-9][ ~])(?<![0-9]\\[,;: ])(?<![0-9]\\thinspace)(?<![0-9]\\thinspace )"
+    rf"[0-9]{{1,3}}(?:{_SEP}[0-9]{{3}})+(?![0-9])(?!{_SEP}[0-9])"
+)
+_SEP_RE = re.compile(_SEP)
+# Cheap first checks (a pattern that starts with a digit is scanned fast; one that starts with a
+# lookbehind is tried at every position): the rewrites run only where one of these matches.
+_MAYBE_GROUPS = re.compile(rf"[0-9]{_SEP}[0-9]{{3}}")
+_MAYBE_TRAIL = re.compile(r"[0-9]\.(?:[0-9]*0(?![0-9])|\s*(?:\}|\$|\\\]|\\\)|$))")
+_MAYBE_SCI = re.compile(r"[0-9][eE][+-]?[0-9]")
+# ``1.50`` -> ``1.5``, ``2.0`` -> ``2`` (math-verify builds Floats of different precision for equal
+# decimals of 16+ digits); not before ``\overline``, ``{``, ``.`` or another digit.
+_TRAIL_ZEROS = re.compile(r"(?<![0-9.])([0-9]+)\.([0-9]*?)0+(?![0-9.\\{])")
+# ``15.`` at the end of a box or formula -> ``15`` (latex2sympy keeps ``15.`` only as text).
+_TRAIL_DOT = re.compile(r"(?<![0-9.])([0-9]+)\.(?=\s*(?:\}|\$|\\\]|\\\)|$))")
 # ``\frac12``, ``\frac1{2}``, ``\sqrt3``: valid TeX that latex2sympy cannot parse unbraced.
-_BARE_ARG = re.compile(r"\\(dfrac|tfrac|frac|sqrt)(?:\s*(\d)|\s+([A-Za-z]))")
+_BARE_ARG = re.compile(r"\\(dfrac|tfrac|frac|sqrt)(?:\s*([0-9])|\s+([A-Za-z]))")
 _BAL = r"\{(?:[^{}]|\{(?:[^{}]|\{[^{}]*\})*\})*\}"  # balanced braces, 3 levels deep, no backtracking
-_BARE_ARG2 = re.compile(r"(\\[dt]?frac\s*" + _BAL + r")\s*(\d|[A-Za-z](?![A-Za-z]))")
+_BARE_ARG2 = re.compile(r"(\\[dt]?frac\s*" + _BAL + r")\s*([0-9]|[A-Za-z](?![A-Za-z]))")
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _JOIN = re.compile(r"[\s$,;.]*(?:(?:and|or|,)[\s$]*)?")  # text between boxes of one answer
 _DOLLAR = re.compile(r"(?<!\\)\$")
-_CANON = re.compile(r"\s+|\\left|\\right|\\[,;:!]|[{}$]|\\text|\\mathrm")
+_TEXT_OPEN = re.compile(r"\\(?:text|mathrm)\s*\{")
+_CANON_DROP = re.compile(r"\\left(?![A-Za-z])|\\right(?![A-Za-z])|\\[,;:!]|(?<!\\)\$")
+_CANON_SPACE = re.compile(r"\s+(?![^\W_])|(?<![^\W_])\s+")  # kept only between two letters/digits
+_WORD_OR_CMD = re.compile(r"\\[A-Za-z]+|[^\W\d_]+")
 _DELIMS = ((r"\[", r"\]"), (r"\(", r"\)"), ("$$", "$$"), ("$", "$"))
 
 
@@ -30,9 +53,21 @@ _SUB_RUN = re.compile(f"[{_SUB}]+")
 _SUP_ASCII = str.maketrans(_SUP, "0123456789+-=()ni")
 _SUB_ASCII = str.maketrans(_SUB, "0123456789+-=()aeoxhklmnpstij")
 _VULGAR = re.compile("[\u00bc-\u00be\u2150-\u215e\u2189]")  # ¼ ½ ¾ ⅐ ... ⅞ ↉ (not ⅟: no denominator)
-_SLASH_FRAC = re.compile(r"(\d+)\s*[\u2044\u2215]\s*(\d+)")  # 1⁄2 (what NFKC makes of ½), 1∕2
+_SLASH_FRAC = re.compile(r"([0-9]+)\s*[\u2044\u2215]\s*([0-9]+)")  # 1⁄2 (what NFKC makes of ½), 1∕2
+# ``²⁄₃``: the Unicode way to write any fraction; not after a letter or a bracket (an exponent there).
+_SUPSUB_FRAC = re.compile(r"(?<![^\W\d_])(?<![)}\]|])([⁰¹²³⁴⁵⁶⁷⁸⁹]+)[\u2044\u2215/]([₀₁₂₃₄₅₆₇₈₉]+)")
 _ROOT_TOKEN = re.compile(r"[√∛∜][ \t]*\(?|[()]")
-_ROOT_ARG = re.compile(r"\d+(?:\.\d+)?|[^\W\d_]|\\[A-Za-z]+(?![A-Za-z{\[])")
+_ROOT_ARG = re.compile(
+    r"[0-9]+(?:\.[0-9]+)?|[^\W\d_]|\\[dt]?frac\s*(?:" + _BAL + r"|[0-9A-Za-z])\s*(?:" + _BAL + r"|[0-9A-Za-z])"
+    r"|\\[A-Za-z]+(?![A-Za-z{\[])"
+)
+# Non-ASCII decimal digits (``٥``, ``५``; NFKC keeps them): their ASCII digit.
+_OTHER_DIGIT = re.compile(r"(?![0-9])\d")
+# Hyphen, figure dash, en dash as a minus sign, only where no operand precedes (``–3``, ``(–1, 2)``):
+# ``1–3`` and ``2 – 3`` may be ranges and stay as they are (math-verify then reads nothing).
+_DASH = re.compile("[\u2010-\u2013]")
+# ℝ ℤ ... before NFKC, which makes plain letters of them.
+_BLACKBOARD = str.maketrans({c: f"\\mathbb{{{n}}}" for c, n in zip("ℝℤℕℂℚℍℙ", "RZNCQHP")})
 _ROOT_CMD = {"√": r"\sqrt", "∛": r"\sqrt[3]", "∜": r"\sqrt[4]"}
 _BRACE = re.compile(r"\\.|[{}]", re.DOTALL)  # an escaped character, or a brace
 _GREEK = "αβγδεζηθικλμνξπρστυφχψωΓΔΘΛΞΠΣΦΨΩ"
@@ -56,6 +91,18 @@ _SYMBOLS = str.maketrans(
 def _vulgar(m: re.Match) -> str:
     num, den = unicodedata.normalize("NFKC", m.group()).split("\u2044")
     return f"\\frac{{{num}}}{{{den}}}"  # after a digit: 1\frac{1}{2} is a mixed number to math-verify
+
+
+def _dash(text: str, i: int) -> str:
+    """``-`` for the dash at ``text[i]`` when no operand precedes it (spaces skipped), else the dash."""
+    j = i - 1
+    while j >= 0 and text[j].isspace():
+        j -= 1  # linear overall: the scan stops at the previous non-space, at worst the previous dash
+    return text[i] if j >= 0 and (text[j].isalnum() or text[j] in ")}]|!") else "-"
+
+
+def _supsub_frac(m: re.Match) -> str:
+    return f"\\frac{{{m.group(1).translate(_SUP_ASCII)}}}{{{m.group(2).translate(_SUB_ASCII)}}}"
 
 
 def _roots(text: str) -> str:
@@ -97,13 +144,20 @@ def _unicode_math(text: str) -> str:
     """
     if text.isascii():
         return text
+    if "\u2044" in text or "\u2215" in text or "/" in text:
+        text = _SUPSUB_FRAC.sub(_supsub_frac, text)
     if _SUP_RUN.search(text):
         text = _SUP_RUN.sub(lambda m: "^{" + m.group().translate(_SUP_ASCII) + "}", text)
     if _SUB_RUN.search(text):
         text = _SUB_RUN.sub(lambda m: "_{" + m.group().translate(_SUB_ASCII) + "}", text)
     text = _VULGAR.sub(_vulgar, text)
+    text = text.translate(_BLACKBOARD)
     if not unicodedata.is_normalized("NFKC", text):
         text = unicodedata.normalize("NFKC", text)  # full-width ２ ＋ ／ ｘ, no-break spaces, ...
+    if _OTHER_DIGIT.search(text):
+        text = _OTHER_DIGIT.sub(lambda m: str(unicodedata.decimal(m.group())), text)
+    if _DASH.search(text):
+        text = _DASH.sub(lambda m: _dash(text, m.start()), text)
     if "\u2044" in text or "\u2215" in text:
         text = _SLASH_FRAC.sub(r"\\frac{\1}{\2}", text)
     if "√" in text or "∛" in text or "∜" in text:
@@ -126,11 +180,27 @@ def _balanced(text: str) -> bool:
 
 
 
+def _trim_zeros(m: re.Match) -> str:
+    return f"{m.group(1)}.{m.group(2)}" if m.group(2) else m.group(1)
+
+
+def _scientific(m: re.Match) -> str:
+    """``4.5e33`` -> ``4.5\\times10^{33}``, unless Euler's e is as plausible (``2e+1``, ``4e-3``)."""
+    whole, frac, e, sign, exp = m.groups()
+    if e == "e" and sign and not frac and whole != "1":
+        return m.group()  # math-verify reads it with Euler's e, as a mathematician would
+    return f"{whole}{frac or ''}\\times10^{{{int(sign + exp)}}}"
+
+
 def _normalize(text: str) -> str:
     """Rewrite notations math-verify misreads; a no-op for everything else."""
     text = _unicode_math(text)
-    if "e" in text or "E" in text:
-        text = _SCI.sub(lambda m: f"{m.group(1)}\\times10^{{{int(m.group(2))}}}", text)
+    if _MAYBE_GROUPS.search(text):
+        text = _THOUSANDS.sub(lambda m: _SEP_RE.sub("", m.group()), text)
+    if _MAYBE_TRAIL.search(text):
+        text = _TRAIL_DOT.sub(r"\1", _TRAIL_ZEROS.sub(_trim_zeros, text))
+    if _MAYBE_SCI.search(text):
+        text = _SCI.sub(_scientific, text)
     if "\\" in text:
         text = _BARE_ARG.sub(lambda m: f"\\{m.group(1)}{{{m.group(2) or m.group(3)}}}", text)
         text = _BARE_ARG2.sub(lambda m: f"{m.group(1)}{{{m.group(2)}}}", text)
@@ -202,8 +272,41 @@ def _gold_latex(gold: str) -> str:
 
 
 def _canon(s: str) -> str:
-    """String form for answers math-verify keeps only as text (``E_{1},E_{2}`` == ``E_1, E_2``)."""
-    return _CANON.sub("", s).lower()
+    """String form for answers math-verify keeps only as text (``E_{1},E_{2}`` == ``E_1, E_2``).
+
+    Only rewrites that keep the TeX the same: spacing, ``\\left``/``\\right`` and ``$`` dropped,
+    ``\\text{...}`` unwrapped, braces around one character dropped (``\\frac{1}{12}`` stays apart
+    from ``\\frac{11}{2}``), letters lower-cased (command names kept).
+    """
+    s = _CANON_SPACE.sub("", _CANON_DROP.sub("", s))
+    s = re.sub(r"\s+", " ", s)
+    out: list[str] = []  # tokens: one character, or a backslash and the character after it
+    stack: list[int | None] = []  # per open brace: its index in ``out``, None for ``\\text{``
+    i, n = 0, len(s)
+    while i < n:
+        if s[i] == "\\":
+            if m := _TEXT_OPEN.match(s, i):
+                stack.append(None)
+                i = m.end()
+                continue
+            out.append(s[i : i + 2])
+            i += 2
+            continue
+        c = s[i]
+        i += 1
+        if c == "{":
+            stack.append(len(out))
+            out.append(c)
+        elif c == "}" and stack:
+            k = stack.pop()
+            if k is not None and len(out) == k + 2 and len(out[k + 1]) == 1:
+                out[k] = out.pop()  # {1} -> 1
+            elif k is not None:
+                out.append(c)
+        else:
+            out.append(c)
+    s = "".join(out).strip()
+    return _WORD_OR_CMD.sub(lambda m: m.group() if m.group()[0] == "\\" else m.group().lower(), s)
 
 
 def as_text(completion) -> str:

@@ -16,14 +16,11 @@ import time
 from concurrent.futures import CancelledError
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from pebble import ProcessExpired, ProcessPool
 
 from .tasks import _GRACE, DIED, KILLED, OOM, _init_worker
-
-if TYPE_CHECKING:
-    from .grader import MathGrader
 
 logger = logging.getLogger("capo_trl.grader")
 
@@ -151,11 +148,25 @@ class _Workers:
             logger.debug("math reward: pebble join: %r", e)
 
 
+class PoolOwner(Protocol):
+    """What a batch needs from the one who owns the pool (:class:`~capo_trl.grader.MathGrader`)."""
+
+    timeout: int
+    _slot: float  # longest one task can hold a worker (s)
+    _idle: float  # pending with no task running for this long (s): the pool lost them
+
+    def _get_pool(self) -> _Workers: ...
+
+    def _discard(self, workers: _Workers, why: str) -> None: ...
+
+    def batch_time_limit(self, n: int) -> float: ...
+
+
 class _Batch:
     """One call: its tasks, each with a bounded wait, retried once when its worker dies or its
     pool wedges; ``on_done(batch, i, result)`` may release held items or add tasks."""
 
-    def __init__(self, reward: MathGrader, fn, arglists: list[tuple], held=(), on_done=None, extra=None,
+    def __init__(self, reward: PoolOwner, fn, arglists: list[tuple], held=(), on_done=None, extra=None,
                  size: int | None = None):
         self.reward, self.fn, self.on_done = reward, fn, on_done
         self.extra = extra or (lambda args: 0.0)  # seconds a task may run past timeout + grace, from its args

@@ -164,7 +164,13 @@ def _parse_gold(latex: str, timeout: int) -> tuple[list, bool]:
 
 
 def _verify(gold: list, pred: list, timeout: int) -> tuple[bool, bool]:
-    """Sympy comparison when both parsed; canonical string equality when either is text only."""
+    """Sympy comparison when both parsed; canonical string equality when the gold is text only.
+
+    A gold that parses is compared by value alone: a prediction math-verify keeps only as text
+    (a box never closed, ``\\text{...}`` around math) is not correct by its spelling.
+    """
+    if len(gold) == 2 and len(pred) != 2:
+        return False, False
     if len(gold) != 2 or len(pred) != 2:
         return bool(gold and pred and _canon(gold[-1]) == _canon(pred[-1])), False
     from math_verify import verify
