@@ -198,7 +198,7 @@ def snapshot(model: torch.nn.Module) -> torch.nn.Module:
     with deepspeed.zero.GatheredParameters(partitioned, modifier_rank=None):
         state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     ref = type(model)(copy.deepcopy(model.config))  # a plain constructor: no zero.Init, full tensors
-    ref.load_state_dict(state, strict=False)  # tied weights appear once in the state dict
+    ref.load_state_dict(state)  # every key: a partial copy would be a wrong reference
     ref.tie_weights()
     return ref.to(next(iter(state.values())).dtype)
 
