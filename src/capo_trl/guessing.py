@@ -130,7 +130,8 @@ def guess_breakdown(samples: list[dict], rows, n: int) -> dict:
 
     ``accuracy``, ``mean_score`` (mean ``s``) for derivable and guessable items, and on guessable
     items ``modal_share``: the mean share of the most frequent answer among an item's ``n``
-    samples (about 0.39 for a uniform guess over 5 values with n = 8; 1.0 for a confident guesser).
+    samples (0.397 expected for a uniform guess over 5 values with n = 8; 1.0 for a confident guesser;
+    a sample with no answer counts as the answer None).
     """
     if len(samples) != len(rows) * n:
         raise ValueError(f"guess_breakdown: {len(samples)} samples for {len(rows)} problems x n={n}.")
