@@ -7,6 +7,12 @@ it when no model is given.
 
     python examples/pretrain_tiny.py --out runs/pretrain [--steps 900] [--install-step 600]
 
+``--task guess`` builds the start model of the guessable-items task instead (`capo_trl.guessing`:
+the arithmetic task with a quarter of its problems' last operand hidden): its tokenizer adds ``?``,
+each guessable training row shows a hidden value drawn at random (so the model learns to guess
+uniformly, i.e. starts calibrated on those items), validation also reports accuracy and the modal
+answer's share on guessable items, and the chosen checkpoint goes to `src/capo_trl/assets/guess-tiny`.
+
 The target is a *moderate* starting point for RL: accuracy well below the ceiling (so there is
 something to learn) and non-trivial calibration (so there is something to keep or lose).
 """
@@ -21,13 +27,28 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, set_seed  # noqa: E402
-from trl import SFTConfig, SFTTrainer  # noqa: E402
+import torch
+from transformers import (
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    set_seed,
+)
+from trl import SFTConfig, SFTTrainer
 
-from capo_trl.arithmetic import ARITHMETIC_CHARS, arithmetic_dataset, char_tokenizer  # noqa: E402
+from capo_trl.arithmetic import ARITHMETIC_CHARS, arithmetic_dataset, char_tokenizer
+from capo_trl.guessing import (
+    GUESS_CHARS,
+    guess_breakdown,
+    guess_dataset,
+    sft_completions,
+)
 
-PACKAGE_ASSET = Path(__file__).resolve().parents[1] / "src" / "capo_trl" / "assets" / "arith-tiny"
+ASSETS = Path(__file__).resolve().parents[1] / "src" / "capo_trl" / "assets"
+PACKAGE_ASSET = ASSETS / "arith-tiny"
+# --task: (characters of the tokenizer, dataset of a split, package directory of the installed model)
+TASKS = {"arithmetic": (ARITHMETIC_CHARS, arithmetic_dataset, PACKAGE_ASSET),
+         "guess": (GUESS_CHARS, guess_dataset, ASSETS / "guess-tiny")}
 # Renders the last user message as is, so a conversational prompt and the plain-text prompt
 # "Compute 3+4." tokenise identically; the model answers after it.
 CHAT_TEMPLATE = (
@@ -36,8 +57,8 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    return char_tokenizer(ARITHMETIC_CHARS, CHAT_TEMPLATE)
+def build_tokenizer(task: str = "arithmetic") -> PreTrainedTokenizerFast:
+    return char_tokenizer(TASKS[task][0], CHAT_TEMPLATE)
 
 
 def build_model(vocab_size: int, seed: int) -> Qwen2ForCausalLM:
@@ -50,7 +71,7 @@ def build_model(vocab_size: int, seed: int) -> Qwen2ForCausalLM:
     return Qwen2ForCausalLM(config)
 
 
-def validate(model_dir: str, n_problems: int, n_samples: int, seed: int) -> dict:
+def validate(model_dir: str, n_problems: int, n_samples: int, seed: int, task: str = "arithmetic") -> dict:
     """Accuracy and calibration of a checkpoint on the validation split (sampling at temperature 1)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -58,16 +79,21 @@ def validate(model_dir: str, n_problems: int, n_samples: int, seed: int) -> dict
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    problems = arithmetic_dataset("validation", n_problems, seed=seed)
+    problems = TASKS[task][1]("validation", n_problems, seed=seed)
     set_seed(seed)
     result = evaluate(model, tokenizer, problems, n=n_samples, max_new_tokens=48, temperature=1.0, progress=False)
     keep = (f"mean@{n_samples}", "auroc", "auroc_question", "ece")
-    return {k: result.metrics[k] for k in keep}
+    report = {k: result.metrics[k] for k in keep}
+    if task == "guess":
+        report.update(e_aurc=result.metrics["e_aurc"], **guess_breakdown(result.samples, problems, n_samples))
+    return report
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/pretrain")
+    parser.add_argument("--task", choices=sorted(TASKS), default="arithmetic",
+                        help="arithmetic (the embedded model) or guess (the guessable-items task)")
     parser.add_argument("--steps", type=int, default=900)
     parser.add_argument("--save-every", type=int, default=150)
     parser.add_argument("--train-size", type=int, default=20000)
@@ -80,7 +106,7 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
 
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer(args.task)
     if not args.validate_only:
         sft(args, tokenizer)
     validate_and_install(args, tokenizer)
@@ -88,10 +114,13 @@ def main():
 
 def sft(args, tokenizer):
     model = build_model(len(tokenizer), args.seed)
-    train = arithmetic_dataset("train", args.train_size, seed=args.seed)
     # prompt/completion pairs: SFTTrainer computes the loss on the completion (the solution) only
-    train = train.map(lambda r: {"completion": " " + r["solution"]},
-                      remove_columns=["answer", "solution", "num_operands"])
+    if args.task == "guess":
+        train = sft_completions(guess_dataset("train", args.train_size, seed=args.seed), seed=args.seed)
+    else:
+        train = arithmetic_dataset("train", args.train_size, seed=args.seed)
+        train = train.map(lambda r: {"completion": " " + r["solution"]},
+                          remove_columns=["answer", "solution", "num_operands"])
     config = SFTConfig(
         output_dir=args.out, max_steps=args.steps, per_device_train_batch_size=64, learning_rate=2e-3,
         lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, logging_steps=50,
@@ -107,24 +136,27 @@ def validate_and_install(args, tokenizer):
     report = {}
     for ckpt in sorted(Path(args.out).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1])):
         tokenizer.save_pretrained(ckpt)
-        report[ckpt.name] = validate(str(ckpt), args.eval_problems, args.eval_samples, args.seed)
+        report[ckpt.name] = validate(str(ckpt), args.eval_problems, args.eval_samples, args.seed, args.task)
         print(ckpt.name, json.dumps(report[ckpt.name]))
     (Path(args.out) / "validation.json").write_text(json.dumps(report, indent=2))
 
     if args.install_step is not None:
         chosen = Path(args.out) / f"checkpoint-{args.install_step}"
-        shutil.rmtree(PACKAGE_ASSET, ignore_errors=True)
-        PACKAGE_ASSET.mkdir(parents=True)
+        asset = TASKS[args.task][2]
+        shutil.rmtree(asset, ignore_errors=True)
+        asset.mkdir(parents=True)
         model = Qwen2ForCausalLM.from_pretrained(chosen)
         model.generation_config.pad_token_id = tokenizer.pad_token_id
-        model.save_pretrained(PACKAGE_ASSET)
-        tokenizer.save_pretrained(PACKAGE_ASSET)
-        (PACKAGE_ASSET / "PROVENANCE.json").write_text(json.dumps({
+        model.save_pretrained(asset)
+        tokenizer.save_pretrained(asset)
+        task_flags = (f" --task guess --save-every {args.save_every} --eval-problems {args.eval_problems} "
+                      f"--eval-samples {args.eval_samples}" if args.task == "guess" else "")
+        (asset / "PROVENANCE.json").write_text(json.dumps({
             "command": f"python examples/pretrain_tiny.py --out {args.out} --steps {args.steps} "
-                       f"--seed {args.seed} --install-step {args.install_step}",
+                       f"--seed {args.seed} --install-step {args.install_step}{task_flags}",
             "validation": report.get(chosen.name),
         }, indent=2))
-        print(f"installed {chosen} -> {PACKAGE_ASSET}")
+        print(f"installed {chosen} -> {asset}")
 
 
 if __name__ == "__main__":

@@ -24,11 +24,14 @@ def _reward(budget: Budget):
     return with_grader_noise(math_accuracy_reward, budget.grader_noise) if budget.grader_noise else math_accuracy_reward
 
 
-def evaluate_test(model, tokenizer, budget: Budget, seed: int):
-    """``model`` on the budget's test split (temperature 1): an EvalResult."""
+def evaluate_test(model, tokenizer, budget: Budget, seed: int, dataset=arithmetic_dataset):
+    """``model`` on the budget's test split (temperature 1): an EvalResult.
+
+    ``dataset(split, n, seed=...)`` gives the task's problems (default: the arithmetic task).
+    """
     from ..evaluation import evaluate
 
-    problems = arithmetic_dataset("test", budget.test_problems)
+    problems = dataset("test", budget.test_problems)
     return evaluate(model, tokenizer, problems, n=budget.test_samples, max_new_tokens=budget.max_completion_length,
                     temperature=1.0, seed=seed, progress=budget.progress)
 
@@ -60,8 +63,11 @@ def quiet_console(trainer, progress: bool) -> None:
         trainer.add_callback(BarOnly())
 
 
-def train_method(overrides: dict, seed: int, budget: Budget, out_dir: Path):
-    """Train one method with one seed; returns (trainer, validation history, test EvalResult)."""
+def train_method(overrides: dict, seed: int, budget: Budget, out_dir: Path, dataset=arithmetic_dataset):
+    """Train one method with one seed; returns (trainer, validation history, test EvalResult).
+
+    ``dataset(split, n, seed=...)`` gives the task's train, validation and test problems.
+    """
     from transformers import AutoTokenizer
 
     from ..callbacks import CalibrationCallback
@@ -69,15 +75,15 @@ def train_method(overrides: dict, seed: int, budget: Budget, out_dir: Path):
 
     model = budget.model or embedded_model_path()
     args = method_config(overrides, seed, budget, out_dir)
-    train = arithmetic_dataset("train", budget.train_problems, seed=seed)
+    train = dataset("train", budget.train_problems, seed=seed)
     trainer = CAPOTrainer(model=model, reward_funcs=_reward(budget), args=args, train_dataset=train)
-    monitor = CalibrationCallback(arithmetic_dataset("validation", budget.val_problems), every_n_steps=budget.val_every,
+    monitor = CalibrationCallback(dataset("validation", budget.val_problems), every_n_steps=budget.val_every,
                                   n=budget.val_samples, seed=seed)
     trainer.add_callback(monitor.bind(trainer))
     quiet_console(trainer, budget.progress)
     trainer.train()
     tokenizer = AutoTokenizer.from_pretrained(model)
-    return trainer, monitor.history, evaluate_test(trainer.model, tokenizer, budget, seed)
+    return trainer, monitor.history, evaluate_test(trainer.model, tokenizer, budget, seed, dataset)
 
 
 __all__ = ["HEADLINE", "START", "evaluate_start", "evaluate_test", "headline", "train_method"]
