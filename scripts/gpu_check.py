@@ -32,11 +32,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import torch  # noqa: E402
-from datasets import Dataset  # noqa: E402
-from transformers import Qwen2Config, Qwen2ForCausalLM, TrainerCallback  # noqa: E402
+import torch
+from datasets import Dataset
+from transformers import Qwen2Config, Qwen2ForCausalLM, TrainerCallback
 
-from capo_trl import CAPOConfig, CAPOTrainer  # noqa: E402
+from capo_trl import CAPOConfig, CAPOTrainer
 
 # Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 KV heads, vocab 151936): ~494M parameters.
 SIZES = {
@@ -227,7 +227,7 @@ def main(argv=None) -> int:
         for name in [v for v in VARIANTS if v in opts.variants.split(",")]:
             try:
                 results[name] = run_method(name, model_path, Path(tmp) / name, opts)
-            except Exception as err:  # noqa: BLE001 - one failing variant must not lose the others' numbers
+            except Exception as err:  # one failing variant must not lose the others' numbers
                 results[name] = {"variant": name, "error": f"{type(err).__name__}: {err}"[:2000]}
                 print(f"gpu_check: {name} failed: {results[name]['error']}", file=sys.stderr)
 

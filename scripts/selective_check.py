@@ -19,28 +19,17 @@ is read off the map.
 import argparse
 import inspect
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
-from scipy.stats import norm
 
 from capo_trl.confidence import Calibrator, selective_report
 
-MU = np.linspace(0, 1, 2002)[1:-1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from selective_sim import grouped, grouped_precision  # the tests' model, one definition
+
 GRID = np.linspace(-2.2, 0.2, 24001)
-
-
-def grouped(m, n, rng, easy=(1.76, 0.24)):
-    is_easy = rng.random(m) < 0.4
-    accuracy = np.where(is_easy, rng.beta(*easy, m), rng.uniform(0, 0.5, m))
-    level = np.where(is_easy, rng.uniform(-0.5, 0, m), rng.uniform(-2, -0.5, m))
-    s = np.repeat(level, n) + rng.normal(0, 0.02, m * n)
-    return s, (rng.random(m * n) < np.repeat(accuracy, n)).astype(int), np.repeat(np.arange(m), n)
-
-
-def grouped_precision(cut, easy_mean=0.88):
-    p_easy = norm.sf((cut - (-0.5 + 0.5 * MU)) / 0.02).mean()
-    p_hard = norm.sf((cut - (-2 + 1.5 * MU)) / 0.02).mean()
-    return (0.4 * p_easy * easy_mean + 0.6 * p_hard * 0.25) / (0.4 * p_easy + 0.6 * p_hard)
 
 
 def score_cut(cal, sel):

@@ -14,10 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import deepspeed  # noqa: F401  (a test dependency: pip install -e ".[test]"; the runs below need it)
+import deepspeed  # a test dependency (pip install -e ".[test]"): the runs below need it
 import pytest
 from test_distributed import free_port
-
 
 HERE = Path(__file__).resolve().parent
 ACCELERATE = HERE.parent / "examples" / "accelerate"

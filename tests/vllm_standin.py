@@ -23,7 +23,7 @@ from accelerate.utils import broadcast_object_list, gather_object
 
 
 class StandInVLLMGeneration:
-    instances: list["StandInVLLMGeneration"] = []
+    instances: list[StandInVLLMGeneration] = []
 
     def __init__(self, model, accelerator, processing_class, mode="colocate", temperature=1.0, top_p=1.0, top_k=0,
                  min_p=0.0, repetition_penalty=1.0, max_completion_length=16, logprobs=0, generation_kwargs=None,

@@ -16,7 +16,11 @@ from contextlib import contextmanager
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from trl.models import prepare_deepspeed, prepare_fsdp
-from trl.trainer.utils import add_fused_lm_head, create_model_from_path, disable_dropout_in_model
+from trl.trainer.utils import (
+    add_fused_lm_head,
+    create_model_from_path,
+    disable_dropout_in_model,
+)
 
 
 class RolloutLogprobRecorder(LogitsProcessor):
