@@ -44,7 +44,7 @@ class CheckpointedState:
         if self.args.should_save:
             folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
             os.makedirs(folder, exist_ok=True)
-            torch.save({"num_processes": len(parts), "processes": parts}, os.path.join(folder, CAPO_STATE))
+            torch.save({"processes": parts}, os.path.join(folder, CAPO_STATE))  # their count is len(parts)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         """Resume hook (TRL restores its own controller state here too): reload :meth:`_capo_state`."""
@@ -55,8 +55,7 @@ class CheckpointedState:
         path = os.path.join(checkpoint, CAPO_STATE)
         legacy = os.path.join(checkpoint, LEGACY_STATE.format(index))
         if os.path.isfile(path):
-            saved = torch.load(path, weights_only=True)
-            parts = saved["processes"]
+            parts = torch.load(path, weights_only=True)["processes"]
         elif os.path.isfile(legacy):
             parts, index, count = [torch.load(legacy, weights_only=True)], 0, 1  # this process's own part only
         else:

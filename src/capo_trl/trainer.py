@@ -140,7 +140,7 @@ class CAPOTrainer(CheckpointedState, MethodLosses, ReferenceScoring, GRPOTrainer
                          rollout_func, environment_factory)
         self._capo_ref_model = build_reference(self, ref_source) if needs_own_ref else None
         self._ref_cache = ReferenceScoreCache(args.ref_cache_size)
-        self._ref_cache_usable = args.ref_cache_size > 0 and not (self._dist.is_zero3 or self.is_fsdp_enabled)
+        self._ref_cache_usable = args.ref_cache_size > 0 and not self._sharded  # sharded forwards are collective
         self._record = StepRecord()
         self._mask = NoiseMask(args) if args.noise_mask else None
         # TRL averages an entropy bonus over the mask's kept rows, so unscored (kept) tied rows would change it
