@@ -63,10 +63,12 @@ def quiet_console(trainer, progress: bool) -> None:
         trainer.add_callback(BarOnly())
 
 
-def train_method(overrides: dict, seed: int, budget: Budget, out_dir: Path, dataset=arithmetic_dataset):
+def train_method(overrides: dict, seed: int, budget: Budget, out_dir: Path, dataset=arithmetic_dataset,
+                 on_trainer=None):
     """Train one method with one seed; returns (trainer, validation history, test EvalResult).
 
-    ``dataset(split, n, seed=...)`` gives the task's train, validation and test problems.
+    ``dataset(split, n, seed=...)`` gives the task's train, validation and test problems;
+    ``on_trainer(trainer)``, if given, runs before training (an experiment's instrumentation).
     """
     from transformers import AutoTokenizer
 
@@ -81,6 +83,8 @@ def train_method(overrides: dict, seed: int, budget: Budget, out_dir: Path, data
                                   n=budget.val_samples, seed=seed)
     trainer.add_callback(monitor.bind(trainer))
     quiet_console(trainer, budget.progress)
+    if on_trainer is not None:
+        on_trainer(trainer)
     trainer.train()
     tokenizer = AutoTokenizer.from_pretrained(model)
     return trainer, monitor.history, evaluate_test(trainer.model, tokenizer, budget, seed, dataset)

@@ -1,0 +1,64 @@
+"""The embedded tasks a run can train and evaluate on, by name: what ``--task`` chooses.
+
+Each task is a dataset function (its train, validation and test splits, disjoint by a hash of the
+problem text) and the start model shipped for it. ``arithmetic`` is the control, where RL does not
+cost calibration; the guessable-items tasks are where GRPO can turn an uncertain model into a
+confident guesser (``docs/results/testbed/``).
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Callable
+
+from .arithmetic import EMBEDDED_MODEL_DIR, arithmetic_dataset
+from .errors import UsageError
+from .guessing import GuessTask, guess_dataset
+
+ASSETS = Path(__file__).resolve().parent / "assets"
+
+
+@dataclass(frozen=True)
+class Task:
+    """A named embedded task: ``dataset(split, n, seed=0)`` and the directory of its start model."""
+
+    name: str
+    dataset: Callable
+    model_dir: Path
+    summary: str
+
+    def model_path(self) -> str:
+        """The start model's directory, checked (a missing asset names the command that builds it)."""
+        if not (self.model_dir / "config.json").is_file():
+            raise FileNotFoundError(f"The start model of task {self.name!r} is missing from {self.model_dir}; build it "
+                                    "with examples/pretrain_tiny.py (its PROVENANCE.json holds the command).")
+        return str(self.model_dir)
+
+
+TASKS: dict[str, Task] = {
+    task.name: task
+    for task in (
+        Task("arithmetic", arithmetic_dataset, EMBEDDED_MODEL_DIR,
+             "2-3 operand integer arithmetic; every answer can be derived (the control)"),
+        Task("guess", guess_dataset, ASSETS / "guess-tiny",
+             "arithmetic with 25% guessable items (last operand hidden, 0-4)"),
+        Task("guess-half", partial(guess_dataset, task=GuessTask(guess_fraction=0.5)), ASSETS / "guess-tiny",
+             "arithmetic with 50% guessable items (last operand hidden, 0-4)"),
+    )
+}
+DEFAULT_TASK = "arithmetic"
+
+
+def get_task(name: str, flag: str = "--task") -> Task:
+    """The task called ``name``; a UsageError naming ``flag`` (with a did-you-mean) otherwise."""
+    if name in TASKS:
+        return TASKS[name]
+    close = difflib.get_close_matches(str(name), TASKS, n=1)
+    guess = f"did you mean {close[0]!r}? " if close else ""
+    raise UsageError(f"{flag}: unknown task {name!r}; {guess}tasks are {', '.join(TASKS)}.")
+
+
+__all__ = ["DEFAULT_TASK", "TASKS", "Task", "get_task"]
