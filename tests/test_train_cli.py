@@ -297,7 +297,7 @@ def test_no_model_says_so_and_refuses_other_datasets(capsys):
     capo_train.parse_args(["--model_name_or_path", "m"])
     assert "embedded" not in capsys.readouterr().err
     err = one_line_error(capsys, ["--dataset_name", "math500"])
-    assert "only does the arithmetic task" in err and "--model_name_or_path" in err
+    assert "only do the embedded tasks (arithmetic, guess, guess-half)" in err and "--model_name_or_path" in err
 
 
 def test_help_shows_the_documented_defaults(capsys):

@@ -212,7 +212,12 @@ def run_eval(args) -> int:
 
 # ------------------------------------------------------------------------------------ demo / compare
 def _add_budget_args(p, steps: int, test_problems: int) -> None:
-    p.add_argument("--model", default=None, help="model directory (default: the embedded arithmetic model)")
+    from .tasks import DEFAULT_TASK, TASKS
+
+    p.add_argument("--task", default=DEFAULT_TASK, metavar="TASK",
+                   help=f"embedded task: {'; '.join(f'{t.name}: {t.summary}' for t in TASKS.values())} "
+                        f"(default {DEFAULT_TASK})")
+    p.add_argument("--model", default=None, help="model directory (default: the task's start model)")
     p.add_argument("--steps", type=int, default=steps, help=f"RL steps per run (default {steps})")
     p.add_argument("--test_problems", type=int, default=test_problems, help="test-split problems to evaluate")
     p.add_argument("--test_samples", type=int, default=8, help="samples per test problem")
@@ -224,7 +229,7 @@ def _budget(args, **extra):
     from .harness.presets import Budget
 
     fields = dict(steps=args.steps, test_problems=args.test_problems, test_samples=args.test_samples,
-                  grader_noise=args.grader_noise, model=args.model, progress=not args.no_progress, **extra)
+                  grader_noise=args.grader_noise, task=args.task, model=args.model, progress=not args.no_progress, **extra)
     return Budget(**{k: v for k, v in fields.items() if v is not None})
 
 

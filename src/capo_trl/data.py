@@ -9,7 +9,6 @@ from pathlib import Path
 
 from datasets import Dataset
 
-from .arithmetic import arithmetic_dataset
 from .errors import UsageError
 
 # ------------------------------------------------------------------------------------------------
@@ -103,7 +102,10 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
         BenchmarkSpec("olympiadbench", "Hothan/OlympiadBench", split="train", problem="question",
                       answer="final_answer", id="id", config="OE_TO_maths_en_COMP"),
         BenchmarkSpec("deepscaler", "agentica-org/DeepScaleR-Preview-Dataset", split="train"),
+        # the embedded tasks (capo_trl.tasks): no hub id, generated splits train/validation/test
         BenchmarkSpec("arithmetic", None, template="raw"),
+        BenchmarkSpec("guess", None, template="raw"),
+        BenchmarkSpec("guess-half", None, template="raw"),
     )
 }
 _ALIASES = {"math-500": "math500", "aime2024": "aime24", "aime2025": "aime25", "amc2023": "amc23",
@@ -117,6 +119,12 @@ def registry_key(name: str) -> str | None:
     key = str(name).strip().lower()
     key = _ALIASES.get(key, key)
     return key if key in BENCHMARKS else None
+
+
+def embedded_task(name: str) -> str | None:
+    """The :mod:`capo_trl.tasks` name a dataset name means (a registry name with no hub id), or None."""
+    key = registry_key(name)
+    return key if key is not None and BENCHMARKS[key].hub_id is None else None
 
 
 def dataset_kind(name: str) -> str:
@@ -150,9 +158,11 @@ def load_benchmark(name_or_path: str, split: str | None = None, limit: int | Non
     prompt_template(template)  # a bad name fails before anything loads
     if limit is not None and limit < 1:
         raise BenchmarkError(f"limit must be >= 1, got {limit}.")
-    if spec is not None and spec.hub_id is None:  # the embedded arithmetic task
-        ds = arithmetic_dataset(split=split or "test", n=limit or _ARITHMETIC_DEFAULT_SIZE)
-        return normalise(ds, {"problem": "prompt", "answer": "answer", "id": None}, template, name="arithmetic",
+    if spec is not None and spec.hub_id is None:  # an embedded task
+        from .tasks import get_task
+
+        ds = get_task(spec.name).dataset(split or "test", limit or _ARITHMETIC_DEFAULT_SIZE)
+        return normalise(ds, {"problem": "prompt", "answer": "answer", "id": None}, template, name=spec.name,
                          keep_columns=keep_columns)
     if spec is not None:
         mapping = {"problem": spec.problem, "answer": spec.answer, "id": spec.id, **(columns or {})}

@@ -44,9 +44,9 @@ TASKS: dict[str, Task] = {
         Task("arithmetic", arithmetic_dataset, EMBEDDED_MODEL_DIR,
              "2-3 operand integer arithmetic; every answer can be derived (the control)"),
         Task("guess", guess_dataset, ASSETS / "guess-tiny",
-             "arithmetic with 25% guessable items (last operand hidden, 0-4)"),
+             "arithmetic, a quarter of the items guessable (last operand hidden, 0-4)"),
         Task("guess-half", partial(guess_dataset, task=GuessTask(guess_fraction=0.5)), ASSETS / "guess-tiny",
-             "arithmetic with 50% guessable items (last operand hidden, 0-4)"),
+             "arithmetic, half the items guessable (last operand hidden, 0-4)"),
     )
 }
 DEFAULT_TASK = "arithmetic"

@@ -25,10 +25,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from . import arithmetic, data
+from . import data
 from .config import CAPOConfig
 from .errors import UsageError
 from .reward_names import check_reward_columns, resolve_reward
+from .tasks import get_task
 
 # The arguments (parsing, defaults, checks) live in train_args; their names stay importable from here.
 from .train_args import (  # noqa: F401
@@ -45,8 +46,8 @@ def load_problems(script_args: ScriptArguments, split: str | None, limit: int | 
     if kind != "hub" and script_args.dataset_config is not None:
         raise UsageError(f"dataset_config applies to hub dataset ids only, not to {name!r}.")
     if kind == "registry":
-        arithmetic = data.registry_key(name) == "arithmetic"
-        return data.load_benchmark(name, split=split or ("train" if arithmetic else None), limit=limit,
+        embedded = data.embedded_task(name) is not None  # generated: train/validation/test splits
+        return data.load_benchmark(name, split=split or ("train" if embedded else None), limit=limit,
                                    columns=script_args.columns(), template=script_args.prompt_template)
     if kind == "local":
         return data.load_benchmark(name, split=None, limit=limit, columns=script_args.columns(),
@@ -94,7 +95,8 @@ def build_trainer(script_args: ScriptArguments, training_args: CAPOConfig, model
 
     from .trainer import CAPOTrainer
 
-    model = model_args.model_name_or_path or arithmetic.embedded_model_path()
+    task = get_task(data.embedded_task(script_args.dataset_name or "arithmetic") or "arithmetic")
+    model = model_args.model_name_or_path or task.model_path()  # without a model: the task's start model
     init_kwargs = dict(revision=model_args.model_revision, attn_implementation=model_args.attn_implementation,
                        dtype=model_args.dtype)
     quantization_config = get_quantization_config(model_args)

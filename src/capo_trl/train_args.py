@@ -21,6 +21,7 @@ from .config import CAPOConfig
 from .defaults import EMBEDDED_METHOD, TrainingBudget, training_config
 from .errors import UsageError, check_model_path, check_output_dir
 from .reward_names import resolve_reward
+from .tasks import TASKS
 
 
 @dataclass
@@ -37,14 +38,14 @@ class ScriptArguments:
                   "A file or hub dataset with a 'prompt' column (TRL's text or conversational format) is used as is; "
                   "else its 'problem' and 'answer' columns make the prompts (prompt_template). Every other column "
                   "reaches the reward functions as a keyword argument, as in TRL. Default: the embedded arithmetic "
-                  "task."},
+                  "task; without model_name_or_path, an embedded task (capo_trl.tasks) trains its own start model."},
     )
     dataset_config: str | None = field(
         default=None, metadata={"help": "Configuration name of a hub dataset id (load_dataset's `name`)."},
     )
     dataset_train_split: str | None = field(
         default=None,
-        metadata={"help": "Split to train on. Default: 'train' for arithmetic, the registry's split for another "
+        metadata={"help": "Split to train on. Default: 'train' for an embedded task, the registry's split for another "
                   "registered name (capo_trl.data.BENCHMARKS), 'train' for a hub id; not allowed for a local file."},
     )
     dataset_test_split: str | None = field(
@@ -215,8 +216,7 @@ def parse_args(argv: list[str] | None = None):
         defaults.update(embedded_defaults())
         if given("gradient_checkpointing"):  # the old name, asked for: the new one's default must not override it
             defaults.pop("activation_checkpointing")
-        if not given("dataset_name"):
-            defaults["dataset_limit"] = TrainingBudget().train_problems  # the problems `capo-trl demo` trains on
+        defaults["dataset_limit"] = TrainingBudget().train_problems  # the problems `capo-trl demo` trains on
     parser.set_defaults(**defaults)
     script_args, training_args, model_args = parser.parse_args_and_config(argv)
     check_args(script_args, training_args, model_args)
@@ -264,9 +264,10 @@ def check_args(script_args: ScriptArguments, training_args: CAPOConfig, model_ar
         if script_args.dataset_train_split is not None:
             raise UsageError(f"dataset_train_split does not apply to a local file ({name}): give each split its own "
                              "file.")
-    if model_args.model_name_or_path is None and name is not None and data.registry_key(name) != "arithmetic":
-        raise UsageError(f"dataset_name {name} without model_name_or_path: the embedded tiny model only does the "
-                         "arithmetic task; give --model_name_or_path MODEL to train on this dataset.")
+    if model_args.model_name_or_path is None and name is not None and data.embedded_task(name) is None:
+        raise UsageError(f"dataset_name {name} without model_name_or_path: the embedded tiny models only do the "
+                         f"embedded tasks ({', '.join(TASKS)}); give --model_name_or_path MODEL to train on this "
+                         "dataset.")
 
 
 def preflight(script_args: ScriptArguments, training_args: CAPOConfig, model_args) -> None:

@@ -70,7 +70,7 @@ def _manifest_change(saved: dict, asked: dict) -> str | None:
     """What differs between a saved comparison and the one asked for (None: the same)."""
     if saved.get("format") != asked["format"]:
         return f"format ({saved.get('format')!r})"
-    old, new = saved.get("budget") or {}, asked["budget"]
+    old, new = {"task": "arithmetic", **(saved.get("budget") or {})}, asked["budget"]  # before --task: arithmetic
     changed = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
     if changed:
         return "budget (" + ", ".join(f"{budget_flag(k)} {old.get(k)!r} -> {new.get(k)!r}" for k in changed) + ")"
@@ -248,7 +248,7 @@ def _write_report(out, methods, seeds, budget, summary, seconds, done: int | Non
                   f"{', '.join(missing)}). Rerun the same command to train the missing runs; the plots are drawn "
                   "when every run has finished.", ""]
     lines += [
-        f"{seeds} seed{'s' * (seeds != 1)} per method; {budget.steps} RL steps of {budget.prompts_per_step} prompts x "
+        f"Task {budget.task}; {seeds} seed{'s' * (seeds != 1)} per method; {budget.steps} RL steps of {budget.prompts_per_step} prompts x "
         f"{budget.num_generations} samples; test: {budget.test_problems} problems x {budget.test_samples} samples "
         f"(temperature 1); grader noise {budget.grader_noise}; {seconds / 60:.1f} min of training and "
         "evaluation in all.", "",

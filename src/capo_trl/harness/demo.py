@@ -11,14 +11,15 @@ from .presets import Budget, check_budget, check_methods, parse_methods
 from .runs import HEADLINE, headline
 
 
-# What the evidence on this task supports (docs/results/README.md, "Powered comparison"): said after every demo.
-EVIDENCE = """
+# What the evidence on each task supports (docs/results/): said after every demo on that task.
+EVIDENCE = {"arithmetic": """
 What this shows and what it does not: RL raises accuracy and pooled AUROC over the start model
 whatever the method; per-question AUROC moves by a few hundredths either way from seed to seed. On this task CAPO does not beat GRPO on calibration: in a pre-registered comparison (6 seeds,
 600 steps, 1,024 test problems) CAPO's per-question AUROC was 0.023 below GRPO's (95% interval -0.049
 to +0.003), with 6.5 points less accuracy and higher ECE, and GRPO did not lose calibration here at
 all. What CAPO's mask does show: without it one seed in five collapsed into long, improbable endings;
-with it none did. Compare for yourself: capo-trl compare --methods grpo,capo (docs/results/)."""
+with it none did. Compare for yourself: capo-trl compare --methods grpo,capo (docs/results/).""",
+}
 
 
 def demo(budget: Budget | None = None, method: str = "capo") -> dict:
@@ -40,12 +41,12 @@ def demo(budget: Budget | None = None, method: str = "capo") -> dict:
         _, _, after = runs.train_method(overrides, 0, budget, Path(tmp))
     report = {"before": headline(before.metrics, budget.test_samples),
               "after": headline(after.metrics, budget.test_samples)}
-    print(f"\n{label} on the embedded arithmetic task: {budget.steps} RL steps; test split "
+    print(f"\n{label} on the embedded task {budget.task}: {budget.steps} RL steps; test split "
           f"{budget.test_problems} problems x {budget.test_samples} samples")
     print(f"{'':>8} " + " ".join(f"{k:>15}" for k in HEADLINE))
     for when, values in report.items():
         print(f"{when:>8} " + " ".join(f"{values[k]:>15.4f}" for k in HEADLINE))
-    print(EVIDENCE)
+    print(EVIDENCE.get(budget.task, ""))
     return report
 
 

@@ -17,6 +17,7 @@ import yaml
 
 from ..defaults import EMBEDDED_METHOD, RECOMMENDED, TrainingBudget, training_config
 from ..errors import UsageError, check_model_path
+from ..tasks import get_task
 
 # The paper's CAPO, exactly (tau in nats, 1/tau scale, fixed mask thresholds).
 PAPER = dict(advantage_estimator="capo", tau=0.6, tau_mode="absolute", advantage_scale="paper",
@@ -58,6 +59,7 @@ class Budget(TrainingBudget):
     test_problems: int = 256
     test_samples: int = 8
     grader_noise: float = 0.0
+    task: str = "arithmetic"  # a capo_trl.tasks name: the data, and the start model when `model` is None
     model: str | None = None
     progress: bool = True
 
@@ -65,7 +67,7 @@ class Budget(TrainingBudget):
 # ------------------------------------------------------------------------------------ validation
 # Budget fields the command line sets, and how its flags spell them (the others: Budget.<field>).
 BUDGET_FLAGS = {"steps": "--steps", "test_problems": "--test_problems", "test_samples": "--test_samples",
-                "grader_noise": "--grader_noise", "model": "--model", "val_every": "--val_every",
+                "grader_noise": "--grader_noise", "task": "--task", "model": "--model", "val_every": "--val_every",
                 "val_problems": "--val_problems", "val_samples": "--val_samples", "learning_rate": "--learning_rate"}
 # CAPOConfig fields the harness sets for every run: a method may not amend them.
 HARNESS_FIELDS = {"output_dir": "--out", "seed": "--first_seed and --seeds", "max_steps": "--steps",
@@ -105,6 +107,7 @@ def check_budget(budget: Budget) -> None:
     if not is_number(budget.grader_noise) or not 0 <= budget.grader_noise <= 1:
         raise UsageError(f"--grader_noise is the fraction of rewards flipped: a number in [0, 1], got "
                          f"{budget.grader_noise!r}.")
+    get_task(budget.task)  # an unknown name: a UsageError naming --task
     if budget.model is not None:
         check_model_path(budget.model, "--model")
 

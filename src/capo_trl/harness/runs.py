@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..arithmetic import arithmetic_dataset, embedded_model_path
+from ..tasks import get_task
 from .presets import Budget, method_config
 
 HEADLINE = ("accuracy", "auroc", "auroc_question", "ece")
@@ -24,14 +24,19 @@ def _reward(budget: Budget):
     return with_grader_noise(math_accuracy_reward, budget.grader_noise) if budget.grader_noise else math_accuracy_reward
 
 
-def evaluate_test(model, tokenizer, budget: Budget, seed: int, dataset=arithmetic_dataset):
+def start_model(budget: Budget) -> str:
+    """The model every run starts from: ``budget.model``, else the start model shipped with the budget's task."""
+    return budget.model or get_task(budget.task).model_path()
+
+
+def evaluate_test(model, tokenizer, budget: Budget, seed: int, dataset=None):
     """``model`` on the budget's test split (temperature 1): an EvalResult.
 
-    ``dataset(split, n, seed=...)`` gives the task's problems (default: the arithmetic task).
+    ``dataset(split, n, seed=...)`` gives the problems (default: those of the budget's task).
     """
     from ..evaluation import evaluate
 
-    problems = dataset("test", budget.test_problems)
+    problems = (dataset or get_task(budget.task).dataset)("test", budget.test_problems)
     return evaluate(model, tokenizer, problems, n=budget.test_samples, max_new_tokens=budget.max_completion_length,
                     temperature=1.0, seed=seed, progress=budget.progress)
 
@@ -40,7 +45,7 @@ def evaluate_start(budget: Budget):
     """The start model (no RL) on the test split, loaded as training loads it (fp32)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = budget.model or embedded_model_path()
+    path = start_model(budget)
     return evaluate_test(AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path), budget,
                          seed=0)
 
@@ -63,11 +68,11 @@ def quiet_console(trainer, progress: bool) -> None:
         trainer.add_callback(BarOnly())
 
 
-def train_method(overrides: dict, seed: int, budget: Budget, out_dir: Path, dataset=arithmetic_dataset,
-                 on_trainer=None):
+def train_method(overrides: dict, seed: int, budget: Budget, out_dir: Path, dataset=None, on_trainer=None):
     """Train one method with one seed; returns (trainer, validation history, test EvalResult).
 
-    ``dataset(split, n, seed=...)`` gives the task's train, validation and test problems;
+    ``dataset(split, n, seed=...)`` gives the train, validation and test problems (default: those
+    of the budget's task);
     ``on_trainer(trainer)``, if given, runs before training (an experiment's instrumentation).
     """
     from transformers import AutoTokenizer
@@ -75,7 +80,8 @@ def train_method(overrides: dict, seed: int, budget: Budget, out_dir: Path, data
     from ..callbacks import CalibrationCallback
     from ..trainer import CAPOTrainer
 
-    model = budget.model or embedded_model_path()
+    model = start_model(budget)
+    dataset = dataset or get_task(budget.task).dataset
     args = method_config(overrides, seed, budget, out_dir)
     train = dataset("train", budget.train_problems, seed=seed)
     trainer = CAPOTrainer(model=model, reward_funcs=_reward(budget), args=args, train_dataset=train)
@@ -90,4 +96,4 @@ def train_method(overrides: dict, seed: int, budget: Budget, out_dir: Path, data
     return trainer, monitor.history, evaluate_test(trainer.model, tokenizer, budget, seed, dataset)
 
 
-__all__ = ["HEADLINE", "START", "evaluate_start", "evaluate_test", "headline", "train_method"]
+__all__ = ["HEADLINE", "START", "evaluate_start", "evaluate_test", "headline", "start_model", "train_method"]

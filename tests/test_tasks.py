@@ -1,0 +1,81 @@
+"""The embedded tasks by name (`--task`, the data registry, `capo-trl train` without a model)."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoTokenizer
+
+from capo_trl import data
+from capo_trl import train as capo_train
+from capo_trl.cli import main
+from capo_trl.errors import UsageError
+from capo_trl.harness import runs
+from capo_trl.harness.presets import Budget, check_budget
+from capo_trl.tasks import TASKS, get_task
+
+
+def test_every_task_has_its_start_model_and_the_model_can_read_its_prompts():
+    for task in TASKS.values():
+        tokenizer = AutoTokenizer.from_pretrained(task.model_path())
+        for split in ("train", "validation", "test"):
+            prompts = list(task.dataset(split, 40)["prompt"])
+            assert len(set(prompts)) == 40, (task.name, split)
+            ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+            # a character the tokenizer lacks is dropped silently (the arithmetic model's drops '?')
+            assert tokenizer.batch_decode(ids) == prompts, task.name
+    assert get_task("guess").model_dir == get_task("guess-half").model_dir  # one start model for both mixes
+
+
+@pytest.mark.parametrize("name, share", [("guess", 0.25), ("guess-half", 0.5), ("arithmetic", 0.0)])
+def test_the_guessable_share_of_each_split_is_exact(name, share):
+    for split in ("train", "test"):
+        rows = get_task(name).dataset(split, 200)
+        flags = list(rows["guessable"]) if "guessable" in rows.column_names else [False] * len(rows)
+        assert sum(flags) == round(share * 200), (name, split)
+        assert all(("?" in p) == f for p, f in zip(list(rows["prompt"]), flags))
+
+
+def test_unknown_task_is_named_with_a_suggestion():
+    with pytest.raises(UsageError, match=r"--task: unknown task 'guesss'; did you mean 'guess'"):
+        get_task("guesss")
+    with pytest.raises(UsageError, match="--task"):
+        check_budget(Budget(task="nope"))
+
+
+def test_the_registry_serves_each_task_with_its_splits():
+    for name in TASKS:
+        assert data.embedded_task(name) == name and data.dataset_kind(name) == "registry"
+        test = data.load_benchmark(name, split="test", limit=12)
+        rows = get_task(name).dataset("test", 12)
+        assert list(test["prompt"]) == list(rows["prompt"])  # raw template: the bare problem
+        assert list(test["answer"]) == list(rows["answer"])
+    assert data.embedded_task("math500") is None
+
+
+def test_a_budget_takes_its_data_and_start_model_from_its_task():
+    budget = Budget(task="guess-half")
+    assert runs.start_model(budget) == get_task("guess-half").model_path()
+    assert runs.start_model(Budget(task="guess-half", model="/some/model")) == "/some/model"
+    assert runs.start_model(Budget()) == get_task("arithmetic").model_path()
+
+
+def test_train_without_a_model_trains_an_embedded_task_on_its_train_split(capsys):
+    script_args, training_args, model_args = capo_train.parse_args(["--dataset_name", "guess-half"])
+    assert "guess-half task" in capsys.readouterr().err
+    assert script_args.dataset_limit == Budget().train_problems  # what the demo trains on, for every embedded task
+    rows = capo_train.load_problems(script_args, script_args.dataset_train_split, 20)
+    assert list(rows["prompt"]) == list(get_task("guess-half").dataset("train", 20)["prompt"])
+
+
+def test_demo_refuses_an_unknown_task_in_one_line(capsys, monkeypatch):
+    def fail(*args, **kwargs):
+        raise AssertionError("work started before the bad input was caught")
+
+    monkeypatch.setattr(runs, "evaluate_test", fail)
+    monkeypatch.setattr(runs, "train_method", fail)
+    for command in ("demo", "compare"):
+        extra = ["--out", "unused"] if command == "compare" else []
+        assert main([command, "--task", "guess-hlaf", "--no_progress", *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith(f"capo-trl {command}: ")
+        assert "--task: unknown task 'guess-hlaf'; did you mean 'guess-half'?" in err
