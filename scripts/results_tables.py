@@ -1,4 +1,5 @@
-"""Render every table of numbers in docs/results/README.md from the committed result files.
+"""Render every table of numbers in docs/results/README.md and docs/results/testbed/README.md from the
+committed result files.
 
     python scripts/results_tables.py            rewrite the tables in place
     python scripts/results_tables.py --check    exit 1 (and print the differences) if any is stale
@@ -19,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
-README = RESULTS / "README.md"
+READMES = (RESULTS / "README.md", RESULTS / "testbed" / "README.md")
 BLOCK = re.compile(r"(<!-- table: (?P<name>[\w-]+) \(rendered by scripts/results_tables\.py\) -->\n)(?P<body>.*?)"
                    r"(<!-- end table -->)", re.S)
 ENDPOINTS = ("accuracy", "auroc", "auroc_question", "ece")  # the column order of the method tables
@@ -172,9 +173,34 @@ def render_confidence() -> str:
     return "".join(line + "\n" for line in text.splitlines() if line.startswith("|"))
 
 
+def _testbed_scripts():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import testbed_compare
+    import testbed_pilot
+
+    return testbed_pilot, testbed_compare
+
+
+def render_pilot(steps: int) -> str:
+    """A pilot's tables and verdict (testbed/pilot-<steps>/), re-rendered from its start and seed files."""
+    pilot, _ = _testbed_scripts()
+    where = RESULTS / "testbed" / f"pilot-{steps}"
+    start = json.loads((where / "start.json").read_text())
+    finals = {int(p.stem[4:]): json.loads(p.read_text()) for p in sorted(where.glob("seed*.json"))}
+    return pilot.render(start, finals, pilot.verdict(start, finals))
+
+
+def render_testbed_compare() -> str:
+    """The five-arm comparison's tables (testbed/compare/), re-rendered from its run files."""
+    _, compare = _testbed_scripts()
+    return compare.render(compare.summarise(RESULTS / "testbed" / "compare"))
+
+
 RENDER = {"main": render_main, "noise": render_noise, "noise3": render_noise3, "long": render_long,
           "powered": render_powered, "paired": render_paired, "exploratory": render_exploratory,
-          "collapse": render_collapse, "confidence": render_confidence}
+          "collapse": render_collapse, "confidence": render_confidence,
+          "pilot-300": lambda: render_pilot(300), "pilot-600": lambda: render_pilot(600),
+          "pilot-1000": lambda: render_pilot(1000), "testbed-compare": render_testbed_compare}
 
 
 def render(text: str) -> str:
@@ -182,7 +208,7 @@ def render(text: str) -> str:
     def one(match):
         name = match["name"]
         if name not in RENDER:
-            raise KeyError(f"docs/results/README.md: no renderer for table {name!r}; add one to RENDER.")
+            raise KeyError(f"no renderer for table {name!r}; add one to RENDER in scripts/results_tables.py.")
         return match.group(1) + RENDER[name]() + match.group(4)
     return BLOCK.sub(one, text)
 
@@ -195,22 +221,24 @@ def unrendered_tables(text: str) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    text = README.read_text()
-    new = render(text)
-    stray = unrendered_tables(text)
-    if "--check" in argv:
-        if new != text:
-            import difflib
+    failed = False
+    for readme in READMES:
+        text = readme.read_text()
+        new = render(text)
+        stray = unrendered_tables(text)
+        name = readme.relative_to(ROOT)
+        if "--check" in argv:
+            if new != text:
+                import difflib
 
-            sys.stdout.writelines(difflib.unified_diff(text.splitlines(True), new.splitlines(True), "README.md",
-                                                       "rendered"))
+                sys.stdout.writelines(difflib.unified_diff(text.splitlines(True), new.splitlines(True), str(name),
+                                                           "rendered"))
+        else:
+            readme.write_text(new)
         for line in stray:
-            print(f"table row with numbers but no rendering block: {line}")
-        return int(new != text or bool(stray))
-    README.write_text(new)
-    for line in stray:
-        print(f"table row with numbers but no rendering block: {line}")
-    return int(bool(stray))
+            print(f"{name}: table row with numbers but no rendering block: {line}")
+        failed = failed or bool(stray) or ("--check" in argv and new != text)
+    return int(failed)
 
 
 if __name__ == "__main__":
