@@ -180,8 +180,10 @@ def render(summary: dict) -> str:
         lines.append(f"| {m} | " + " | ".join(f"{per[s]['auroc']:.3f}" if s in per else "-" for s in config["seeds"])
                      + " |")
     pilot = summary["pilot"]
+    finished = len(pilot["per_seed"]) == len(config["pilot_seeds"])
+    said = ("yes" if pilot["test_bed"] else "no") if finished else "pending"
     lines += ["", f"Pilot criterion on `{ref}` seeds {', '.join(map(str, config['pilot_seeds']))}: test bed "
-              f"**{'yes' if pilot['test_bed'] else 'no'}** (required met on "
+              f"**{said}** (required met on "
               f"{sum(v['required_met'] for v in pilot['per_seed'].values())} of {len(pilot['per_seed'])}); on all "
               f"complete seeds: {sum(v['required_met'] for v in summary['reference_all_seeds']['per_seed'].values())} of "
               f"{len(summary['reference_all_seeds']['per_seed'])}.", "",
