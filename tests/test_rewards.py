@@ -164,11 +164,17 @@ def test_boxed_format_reward():
     assert last_boxed(r"a \boxed{1} b \boxed{\frac{1}{2}} c") == r"\frac{1}{2}"
 
 
+# Seconds past the timeout a graded batch may take to come back: killing and replacing the worker on a
+# loaded machine (two test processes beside other work on 2 cores) has taken over 1 s; unbounded
+# parsing of these inputs takes minutes, so the bound still tells a timeout from a hang.
+GRACE = 4
+
+
 @pytest.mark.parametrize("name", list(PATHOLOGICAL))
 def test_pathological_main_thread(fast, name):
     t0 = time.monotonic()
     assert fast.grade([PATHOLOGICAL[name]], ["3"]) == [0.0]
-    assert time.monotonic() - t0 < fast.timeout + 1
+    assert time.monotonic() - t0 < fast.timeout + GRACE
 
 
 @pytest.mark.parametrize("name", list(PATHOLOGICAL))
@@ -184,7 +190,7 @@ def test_pathological_worker_thread(fast, name):
     th.start()
     th.join(fast.timeout + 5)
     assert not th.is_alive(), "grading hung in a thread"
-    assert box["out"] == [0.0] and box["dt"] < fast.timeout + 1
+    assert box["out"] == [0.0] and box["dt"] < fast.timeout + GRACE
 
 
 def test_mixed_batch_keeps_normal_results(fast):
@@ -313,9 +319,9 @@ def test_normalize_unicode_is_linear_and_leaves_ascii_alone():
     assert _normalize("√(√(x))") == r"\sqrt{\sqrt{x}}"
     assert _normalize("x² · y₁₂ ≤ ∞") == r"x^{2} \cdot  y_{12} \le  \infty "
     big = "√(" * 20000 + "x" + ")" * 20000 + "½²×" * 20000
-    t0 = time.perf_counter()
+    t0 = time.thread_time()  # CPU time of this thread: a busy machine does not slow it, a quadratic pass would
     out = _normalize(big)
-    assert time.perf_counter() - t0 < 1.0 and out.startswith(r"\sqrt{\sqrt{")
+    assert time.thread_time() - t0 < 1.0 and out.startswith(r"\sqrt{\sqrt{")
 
 
 # ---- bad gold answers: None, one warning, remembered, at most one timeout ----

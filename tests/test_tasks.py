@@ -79,3 +79,38 @@ def test_demo_refuses_an_unknown_task_in_one_line(capsys, monkeypatch):
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and err.startswith(f"capo-trl {command}: ")
         assert "--task: unknown task 'guess-hlaf'; did you mean 'guess-half'?" in err
+
+
+def test_the_demo_says_what_the_committed_test_bed_comparison_says():
+    import json
+    from pathlib import Path
+
+    from capo_trl.harness.demo import TESTBED, testbed_evidence
+
+    summary = json.loads((Path(__file__).resolve().parents[1] / "docs" / "results" / "testbed" / "compare" /
+                          "summary.json").read_text())
+    paired = summary["paired_vs_grpo"]
+
+    def diff(arm, key="auroc"):
+        d = paired[arm][key]
+        return tuple(round(d[k], 3) for k in ("mean", "low", "high"))
+
+    mask = summary["mask"]["capo"]
+
+    def dropped(kind, cls):
+        gone = mask.get(f"{kind}/{cls}/dropped", 0)
+        return round(gone / (gone + mask.get(f"{kind}/{cls}/kept", 0)), 2)
+
+    wrong = [(v, k.endswith("/dropped")) for k, v in mask.items() if "/wrong/" in k]
+    measured = {
+        "seeds": len(summary["complete_seeds"]), "start": round(summary["start"]["auroc"], 3),
+        "grpo": round(summary["arms"]["grpo"]["auroc"], 3),
+        "grpo_lost": sum(v["required_met"] for v in summary["reference_all_seeds"]["per_seed"].values()),
+        "capo": diff("capo"), "nomask": diff("capo-nomask"), "grpo_mask": diff("grpo-mask"),
+        "paper": diff("capo-paper"), "nomask_accuracy": diff("capo-nomask", "accuracy"),
+        "lucky": dropped("guessable", "correct"), "true": dropped("derivable", "correct"),
+        "wrong": round(sum(v for v, gone in wrong if gone) / sum(v for v, _ in wrong), 2),
+    }
+    assert TESTBED == measured
+    text = testbed_evidence()
+    assert f"{TESTBED['start']:.3f}" in text and f"{TESTBED['capo'][1]:+.3f}" in text
