@@ -174,7 +174,8 @@ def render_confidence() -> str:
 
 
 def _testbed_scripts():
-    sys.path.insert(0, str(ROOT / "scripts"))
+    if str(ROOT / "scripts") not in sys.path:
+        sys.path.insert(0, str(ROOT / "scripts"))
     import testbed_compare
     import testbed_pilot
 

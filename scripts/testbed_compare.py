@@ -51,6 +51,12 @@ def abstention(samples: list[dict], n: int) -> dict:
             "abstention_threshold": chosen.threshold}
 
 
+def evaluation_record(result, task, budget) -> dict:
+    """What a run keeps of its test evaluation: the pilot's record plus abstention coverage."""
+    problems = task.dataset("test", budget.test_problems)
+    return {**record(result, problems, budget.test_samples), **abstention(result.samples, budget.test_samples)}
+
+
 def tally_mask(trainer, counts: Counter) -> None:
     """Count, per training completion, item kind x correct/wrong x kept/dropped/unmasked by the noise mask."""
     inner = trainer._generate_and_score_completions
@@ -89,10 +95,8 @@ def run_one(task_name: str, label: str, seed: int, steps: int, val_every: int, t
     t0 = time.time()
     _, history, result = runs.train_method(overrides, seed, budget, Path(out) / label / f"run-seed{seed}", task.dataset,
                                            on_trainer=lambda trainer: tally_mask(trainer, counts))
-    problems = task.dataset("test", budget.test_problems)
-    rec = {**record(result, problems, budget.test_samples), **abstention(result.samples, budget.test_samples),
-           "method": label, "seed": seed, "mask": dict(sorted(counts.items())), "seconds": time.time() - t0,
-           "history": history}
+    rec = {**evaluation_record(result, task, budget), "method": label, "seed": seed,
+           "mask": dict(sorted(counts.items())), "seconds": time.time() - t0, "history": history}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(rec, indent=2) + "\n")
@@ -114,9 +118,7 @@ def run_start(task_name: str, test_problems: int, out: str) -> None:
     budget = Budget(test_problems=test_problems, model=task.model_path(), progress=False)
     model, tok = AutoModelForCausalLM.from_pretrained(budget.model), AutoTokenizer.from_pretrained(budget.model)
     result = runs.evaluate_test(model, tok, budget, seed=0, dataset=task.dataset)
-    problems = task.dataset("test", budget.test_problems)
-    rec = {**record(result, problems, budget.test_samples), **abstention(result.samples, budget.test_samples)}
-    path.write_text(json.dumps(rec, indent=2) + "\n")
+    path.write_text(json.dumps(evaluation_record(result, task, budget), indent=2) + "\n")
 
 
 def t_interval(diffs: list[float]) -> tuple[float, float, float]:

@@ -23,9 +23,8 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from capo_trl.guessing import guess_breakdown, guess_dataset
-
-TASKS = {"guess": guess_dataset}
+from capo_trl.guessing import guess_breakdown
+from capo_trl.tasks import TASKS
 ENDPOINTS = ("accuracy", "auroc", "auroc_question", "ece", "e_aurc")
 # The pre-registered criterion: (endpoint, direction, margin); all three on every seed make a test bed.
 REQUIRED = {"accuracy_rises": ("accuracy", +1, 0.02), "auroc_falls": ("auroc", -1, 0.03)}
@@ -80,7 +79,7 @@ def render(start: dict, finals: dict[int, dict], result: dict) -> str:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--task", choices=sorted(TASKS), required=True)
+    parser.add_argument("--task", choices=[name for name in TASKS if name != "arithmetic"], required=True)
     parser.add_argument("--model", required=True, help="the start model (trained for the task)")
     parser.add_argument("--seeds", type=int, nargs="+", required=True)
     parser.add_argument("--steps", type=int, required=True)
@@ -97,7 +96,7 @@ def main():
     from capo_trl.harness.presets import PRESETS, Budget, check_budget
 
     torch.set_num_threads(args.threads)
-    dataset = TASKS[args.task]
+    dataset = TASKS[args.task].dataset
     budget = Budget(steps=args.steps, val_every=args.val_every, test_problems=args.test_problems, model=args.model,
                     progress=False)
     check_budget(budget)

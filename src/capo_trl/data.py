@@ -110,7 +110,7 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
 }
 _ALIASES = {"math-500": "math500", "aime2024": "aime24", "aime2025": "aime25", "amc2023": "amc23",
             "minervamath": "minerva", "olympiad": "olympiadbench", "deepscaler-preview": "deepscaler"}
-_ARITHMETIC_DEFAULT_SIZE = 500
+_EMBEDDED_DEFAULT_SIZE = 500  # problems of an embedded task's split when no limit is given
 LOCAL_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")  # the local files load_benchmark reads
 
 
@@ -161,7 +161,7 @@ def load_benchmark(name_or_path: str, split: str | None = None, limit: int | Non
     if spec is not None and spec.hub_id is None:  # an embedded task
         from .tasks import get_task
 
-        ds = get_task(spec.name).dataset(split or "test", limit or _ARITHMETIC_DEFAULT_SIZE)
+        ds = get_task(spec.name).dataset(split or "test", limit or _EMBEDDED_DEFAULT_SIZE)
         return normalise(ds, {"problem": "prompt", "answer": "answer", "id": None}, template, name=spec.name,
                          keep_columns=keep_columns)
     if spec is not None:

@@ -95,8 +95,9 @@ def build_trainer(script_args: ScriptArguments, training_args: CAPOConfig, model
 
     from .trainer import CAPOTrainer
 
-    task = get_task(data.embedded_task(script_args.dataset_name or "arithmetic") or "arithmetic")
-    model = model_args.model_name_or_path or task.model_path()  # without a model: the task's start model
+    # without a model the dataset is an embedded task (check_args): its own start model
+    model = (model_args.model_name_or_path
+             or get_task(data.embedded_task(script_args.dataset_name or "arithmetic")).model_path())
     init_kwargs = dict(revision=model_args.model_revision, attn_implementation=model_args.attn_implementation,
                        dtype=model_args.dtype)
     quantization_config = get_quantization_config(model_args)

@@ -50,7 +50,7 @@ class Budget(TrainingBudget):
 
     The training fields (steps, batch, learning rate, completion length, training problems) and
     their defaults are :class:`capo_trl.defaults.TrainingBudget`'s; these add validation, test,
-    grader noise, the model and progress bars.
+    grader noise, the task and model, and progress bars.
     """
 
     val_every: int = 25
