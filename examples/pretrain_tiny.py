@@ -7,7 +7,7 @@ it when no model is given.
 
     python examples/pretrain_tiny.py --out runs/pretrain [--steps 900] [--install-step 600]
 
-``--task guess`` builds the start model of the guessable-items task instead (`capo_trl.guessing`:
+``--task guess`` builds the start model of the guessable-items task instead (`capo_trl.data.guessing`:
 the arithmetic task with a quarter of its problems' last operand hidden): its tokenizer adds ``?``,
 each guessable training row shows a hidden value drawn at random (so the model learns to guess
 uniformly, i.e. starts calibrated on those items), validation also reports accuracy and the modal
@@ -36,8 +36,8 @@ from transformers import (
 )
 from trl import SFTConfig, SFTTrainer
 
-from capo_trl.arithmetic import ARITHMETIC_CHARS, arithmetic_dataset, char_tokenizer
-from capo_trl.guessing import (
+from capo_trl.data.arithmetic import ARITHMETIC_CHARS, arithmetic_dataset, char_tokenizer
+from capo_trl.data.guessing import (
     GUESS_CHARS,
     guess_breakdown,
     guess_dataset,
@@ -75,7 +75,7 @@ def validate(model_dir: str, n_problems: int, n_samples: int, seed: int, task: s
     """Accuracy and calibration of a checkpoint on the validation split (sampling at temperature 1)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from capo_trl.evaluation import evaluate
+    from capo_trl.evaluation.evaluate import evaluate
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

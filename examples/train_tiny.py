@@ -15,7 +15,7 @@ from datasets import Dataset  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 from capo_trl import CAPOConfig, CAPOTrainer  # noqa: E402
-from capo_trl.arithmetic import char_tokenizer  # noqa: E402
+from capo_trl.data.arithmetic import char_tokenizer  # noqa: E402
 
 
 def tiny_model(path: str) -> str:

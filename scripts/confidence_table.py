@@ -14,9 +14,9 @@ import argparse
 import copy
 import json
 
-from capo_trl.arithmetic import arithmetic_dataset
-from capo_trl.confidence import METHODS
-from capo_trl.evaluation import evaluate, recalibrate
+from capo_trl.data.arithmetic import arithmetic_dataset
+from capo_trl.evaluation.confidence import METHODS
+from capo_trl.evaluation.evaluate import evaluate, recalibrate
 
 
 def main():

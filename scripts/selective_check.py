@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from capo_trl.confidence import Calibrator, selective_report
+from capo_trl.evaluation.confidence import Calibrator, selective_report
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from selective_sim import grouped, grouped_precision  # the tests' model, one definition

@@ -39,7 +39,7 @@ SECONDARY = ("accuracy", "e_aurc", "ece", "auroc_question", "coverage@0.8", "gue
 
 def abstention(samples: list[dict], n: int) -> dict:
     """Threshold on ``s`` fitted on the first half of the test problems, coverage/precision on the second half."""
-    from capo_trl.selective import select_threshold, selective_report
+    from capo_trl.evaluation.selective import select_threshold, selective_report
 
     half = len(samples) // n // 2 * n
     groups = [i // n for i in range(len(samples))]
@@ -81,7 +81,7 @@ def run_one(task_name: str, label: str, seed: int, steps: int, val_every: int, t
 
     from capo_trl.harness import runs
     from capo_trl.harness.presets import Budget, parse_methods
-    from capo_trl.tasks import get_task
+    from capo_trl.data.tasks import get_task
 
     path = Path(out) / label / f"seed{seed}.json"
     if path.is_file():
@@ -109,7 +109,7 @@ def run_start(task_name: str, test_problems: int, out: str) -> None:
 
     from capo_trl.harness import runs
     from capo_trl.harness.presets import Budget
-    from capo_trl.tasks import get_task
+    from capo_trl.data.tasks import get_task
 
     path = Path(out) / "start.json"
     if path.is_file():
@@ -240,7 +240,7 @@ def main():
         return
 
     from capo_trl.harness.presets import Budget, check_methods, parse_methods
-    from capo_trl.tasks import get_task
+    from capo_trl.data.tasks import get_task
 
     task = get_task(args.task)
     methods = parse_methods(args.methods)

@@ -23,8 +23,8 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from capo_trl.guessing import guess_breakdown
-from capo_trl.tasks import TASKS
+from capo_trl.data.guessing import guess_breakdown
+from capo_trl.data.tasks import TASKS
 ENDPOINTS = ("accuracy", "auroc", "auroc_question", "ece", "e_aurc")
 # The pre-registered criterion: (endpoint, direction, margin); all three on every seed make a test bed.
 REQUIRED = {"accuracy_rises": ("accuracy", +1, 0.02), "auroc_falls": ("auroc", -1, 0.03)}

@@ -16,8 +16,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from transformers import AutoModelForCausalLM
 
-from capo_trl.reference import shard_blocks
-from capo_trl.scoring import collective_rows
+from capo_trl.training.reference import shard_blocks
+from capo_trl.training.scoring import collective_rows
 
 faulthandler.dump_traceback_later(120, exit=True)  # a forward one process never runs hangs the other: fail
 model_dir, result_path = sys.argv[1:3]

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import roc_auc_score
 
-from capo_trl.calibration import (
+from capo_trl.evaluation.calibration import (
     aurc,
     auroc,
     auroc_per_draw,
@@ -329,7 +329,7 @@ def test_mean_at_k():
 
 def test_single_group_per_question_auroc_equals_pooled_auroc():
     """The trainer logs pooled AUROC through the single-group Mann-Whitney path (cheaper per step)."""
-    from capo_trl.calibration import auroc, auroc_per_question
+    from capo_trl.evaluation.calibration import auroc, auroc_per_question
 
     rng = np.random.default_rng(0)
     for _ in range(50):

@@ -8,7 +8,7 @@ from tiny import digit_reward, tiny_dataset
 from transformers import TrainerControl, TrainerState
 
 from capo_trl import CAPOConfig, CAPOTrainer
-from capo_trl.callbacks import CalibrationCallback
+from capo_trl.evaluation.callbacks import CalibrationCallback
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 _ = one_torch_thread  # a fixture, imported to be used by this module

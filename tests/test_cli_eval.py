@@ -8,7 +8,7 @@ import sys
 import pytest
 from eval_helpers import PNG, math500_file, one_torch_thread
 
-from capo_trl.cli import build_parser, main
+from capo_trl.cli.main import build_parser, main
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 _ = one_torch_thread  # a fixture, imported to be used by this module
@@ -48,7 +48,7 @@ def test_dispatcher_and_module_entry_point(monkeypatch, capsys):
 
 def test_one_flag_style_and_the_old_spelling_still_works():
     """TRL's underscores everywhere; the hyphenated spelling of earlier releases is accepted."""
-    from capo_trl.cli import build_parser
+    from capo_trl.cli.main import build_parser
 
     parser = build_parser()
     new = parser.parse_args(["eval", "--model", "m", "--benchmark", "b", "--out", "o", "--max_new_tokens", "7",

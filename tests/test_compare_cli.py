@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from capo_trl.cli import main
+from capo_trl.cli.main import main
 from capo_trl.harness import runs
 from capo_trl.harness.presets import Budget, method_config
 

@@ -1,4 +1,4 @@
-"""capo_trl.confidence: recovering a known P(correct | s), save/load, selective answering's guarantee, splits."""
+"""capo_trl.evaluation.confidence: recovering a known P(correct | s), save/load, selective answering's guarantee, splits."""
 
 import math
 
@@ -7,7 +7,7 @@ import pytest
 from scipy.stats import binom
 from selective_sim import grouped, grouped_precision
 
-from capo_trl.confidence import (
+from capo_trl.evaluation.confidence import (
     INDEPENDENT,
     ONE_EACH,
     QUESTIONS,
@@ -50,7 +50,7 @@ def test_each_method_recovers_its_truth(method):
 def test_isotonic_fixes_what_raw_exp_s_gets_wrong():
     rng = np.random.default_rng(1)
     s, y = draw(20000, TRUTH["isotonic"], rng)
-    from capo_trl.calibration import ece as expected_calibration_error
+    from capo_trl.evaluation.calibration import ece as expected_calibration_error
 
     raw = expected_calibration_error(np.exp(s), y)
     ts, ty = draw(20000, TRUTH["isotonic"], rng)
@@ -213,7 +213,7 @@ def test_bad_input_is_named():
 
 
 def test_answer_or_abstain_on_the_embedded_model():
-    from capo_trl.arithmetic import arithmetic_dataset, embedded_model_path
+    from capo_trl.data.arithmetic import arithmetic_dataset, embedded_model_path
 
     prompt = arithmetic_dataset("test", 1)[0]["prompt"]
     cal = Calibrator(method="platt", params={"coef": [1.0], "intercept": 0.0})
@@ -224,8 +224,8 @@ def test_answer_or_abstain_on_the_embedded_model():
 
 
 def test_evaluate_calibrates_on_another_split_and_saves_the_map(tmp_path):
-    from capo_trl.arithmetic import arithmetic_dataset, embedded_model_path
-    from capo_trl.evaluation import evaluate
+    from capo_trl.data.arithmetic import arithmetic_dataset, embedded_model_path
+    from capo_trl.evaluation.evaluate import evaluate
 
     model = embedded_model_path()
     test, val = arithmetic_dataset("test", 24), arithmetic_dataset("validation", 48)

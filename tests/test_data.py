@@ -6,9 +6,9 @@ import datasets
 import pytest
 from datasets import Dataset
 
-from capo_trl import data
-from capo_trl.arithmetic import arithmetic_dataset
-from capo_trl.data import (
+from capo_trl.data import benchmarks as data
+from capo_trl.data.arithmetic import arithmetic_dataset
+from capo_trl.data.benchmarks import (
     BENCHMARKS,
     QWEN_MATH_SYSTEM,
     BenchmarkError,
@@ -108,7 +108,7 @@ def test_arithmetic_is_a_registry_name():
 
 
 def test_embedded_model_path(tmp_path, monkeypatch):
-    from capo_trl import arithmetic
+    from capo_trl.data import arithmetic
 
     monkeypatch.setattr(arithmetic, "EMBEDDED_MODEL_DIR", tmp_path)
     with pytest.raises(FileNotFoundError, match="pretrain_tiny.py"):
@@ -121,7 +121,7 @@ def test_char_tokenizer_round_trips_next_to_a_qwen2_config(tmp_path):
     """transformers 5 reloads it as Qwen2Tokenizer; spaces and backslashes must survive that."""
     from transformers import AutoTokenizer, Qwen2Config
 
-    from capo_trl.arithmetic import char_tokenizer
+    from capo_trl.data.arithmetic import char_tokenizer
 
     tokenizer = char_tokenizer()
     text = "Compute 35+8-27. 35+8=43. \\boxed{16}"

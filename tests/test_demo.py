@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from capo_trl.cli import main
-from capo_trl.arithmetic import ArithmeticTask, arithmetic_dataset, embedded_model_path
+from capo_trl.cli.main import main
+from capo_trl.data.arithmetic import ArithmeticTask, arithmetic_dataset, embedded_model_path
 from capo_trl.rewards import with_grader_noise
 from capo_trl.harness.presets import PRESETS, parse_methods
 from capo_trl.rewards import MathReward
@@ -205,7 +205,7 @@ def test_calibrate_mask_updates_only_the_lines_of_its_keys(monkeypatch, capsys, 
 
 
 def test_calibrate_mask_takes_a_device_checked_before_sampling(capsys):
-    from capo_trl.cli import main
+    from capo_trl.cli.main import main
 
     assert main(["calibrate-mask", "--device", "cuda:7", "--limit", "2", "--n", "2"]) == 2
     err = capsys.readouterr().err.strip()

@@ -81,7 +81,7 @@ def all_commands() -> list[tuple[str, str]]:
 
 def check_command(line: str) -> None:
     """Parse ``line`` (after ``capo-trl``) with the real parsers; raise on anything they refuse."""
-    from capo_trl.cli import build_parser
+    from capo_trl.cli.main import build_parser
 
     elided = "..." in line or "…" in line
     words = normalise(shlex.split(line.replace("[", " ").replace("]", " ")))  # [--optional part]: included
@@ -89,7 +89,7 @@ def check_command(line: str) -> None:
         assert words[0] in SUBCOMMANDS
         return
     if words[0] == "train":
-        from capo_trl.train_args import parse_args
+        from capo_trl.cli.train_args import parse_args
 
         parse_args(words[1:])
         return
@@ -183,7 +183,7 @@ def known_fields() -> set[str]:
 
     from capo_trl import CAPOConfig
     from capo_trl.harness.presets import Budget
-    from capo_trl.train_args import ScriptArguments
+    from capo_trl.cli.train_args import ScriptArguments
 
     return {f.name for cls in (CAPOConfig, ScriptArguments, ModelConfig, Budget) for f in fields(cls)}
 

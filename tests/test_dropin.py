@@ -42,7 +42,7 @@ def test_python_dash_m_typed_package_and_one_version():
     assert (Path(capo_trl.__file__).parent / "py.typed").is_file()
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert 'dynamic = ["version"]' in pyproject and capo_trl.__version__ not in pyproject
-    assert capo_trl.CalibrationCallback.__module__ == "capo_trl.callbacks"
+    assert capo_trl.CalibrationCallback.__module__ == "capo_trl.evaluation.callbacks"
 
 
 def test_multi_objective_aggregation_is_honoured_or_refused(tiny_model_dir, tmp_path):

@@ -5,8 +5,8 @@ import json
 import pytest
 from eval_helpers import math500_file, one_torch_thread
 
-import capo_trl.evaluation as evaluation
-from capo_trl.cli import main
+import capo_trl.evaluation.evaluate as evaluation
+from capo_trl.cli.main import main
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 _ = one_torch_thread  # a fixture, imported to be used by this module
@@ -98,8 +98,8 @@ def test_an_existing_report_is_not_overwritten_without_overwrite(tiny_model_dir,
 
 def test_target_precision_is_bounded_by_question(tmp_path, capsys):
     """The threshold and the report bound precision by question: the CLI passes each sample's problem."""
-    from capo_trl.arithmetic import embedded_model_path
-    from capo_trl.confidence import QUESTIONS
+    from capo_trl.data.arithmetic import embedded_model_path
+    from capo_trl.evaluation.confidence import QUESTIONS
 
     out = tmp_path / "out"
     rc = main(["eval", "--model", embedded_model_path(), "--benchmark", "arithmetic", "--split", "test", "--limit", "8",

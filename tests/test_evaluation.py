@@ -17,9 +17,9 @@ from sklearn.metrics import roc_auc_score
 from tiny import tiny_dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from capo_trl.data import load_benchmark, qwen_math_prompt
-from capo_trl.evaluation import compute_metrics, default_ks, evaluate
-from capo_trl.sampling import _prompt_ids, _sample_transformers
+from capo_trl.data.benchmarks import load_benchmark, qwen_math_prompt
+from capo_trl.evaluation.evaluate import compute_metrics, default_ks, evaluate
+from capo_trl.evaluation.sampling import _prompt_ids, _sample_transformers
 from capo_trl.rewards import MathReward
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

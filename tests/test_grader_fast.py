@@ -10,7 +10,7 @@ from reward_workloads import grpo_workload, missing_files, mixed_workload, write
 from capo_trl.grader import MathGrader
 from capo_trl.grader.fast import answer_key, fast_verdict, plain_number
 from capo_trl.grader.normalize import prepared_text
-from capo_trl.grader.tasks import CORRECT, WRONG
+from capo_trl.grader.worker import CORRECT, WRONG
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "benchmarks"
 

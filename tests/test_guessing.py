@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from capo_trl.arithmetic import arithmetic_dataset, char_tokenizer
-from capo_trl.guessing import (
+from capo_trl.data.arithmetic import arithmetic_dataset, char_tokenizer
+from capo_trl.data.guessing import (
     GUESS_CHARS,
     GuessTask,
     guess_breakdown,

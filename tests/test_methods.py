@@ -5,7 +5,8 @@ import json
 import pytest
 from test_train_cli import job, problems_file  # noqa: F401  (fixture)
 
-from capo_trl import CAPOConfig, cli
+from capo_trl import CAPOConfig
+from capo_trl.cli import main as cli
 from capo_trl.methods import METHODS, register_method, resolve_method
 
 BASE = dict(output_dir="/tmp/capo-methods-test", use_cpu=True, bf16=False, report_to="none")

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from capo_trl import cli
-from capo_trl import train as capo_train
-from capo_trl.config import CAPOConfig
+from capo_trl.cli import main as cli
+from capo_trl.cli import train as capo_train
+from capo_trl.training.config import CAPOConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "examples" / "recipes").glob("*.yaml"))

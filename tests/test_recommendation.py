@@ -1,6 +1,6 @@
 """One recommended CAPO configuration for a real model, written the same everywhere a user reads it.
 
-``capo_trl.defaults.RECOMMENDED`` is the source; the README's drop-in, the Qwen recipes, docs/config.md,
+``capo_trl.training.defaults.RECOMMENDED`` is the source; the README's drop-in, the Qwen recipes, docs/config.md,
 the notebook, the ``capo-recommended`` preset, CAPOConfig's defaults and what ``calibrate-mask
 --write_config`` writes must all resolve to it (the embedded default may differ, and does).
 """
@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from capo_trl import CAPOConfig
-from capo_trl.defaults import EMBEDDED_METHOD, RECOMMENDED
+from capo_trl.training.defaults import EMBEDDED_METHOD, RECOMMENDED
 
 ROOT = Path(__file__).resolve().parents[1]
 QWEN = sorted((ROOT / "examples" / "recipes").glob("capo-qwen*.yaml"))
@@ -79,7 +79,7 @@ def test_the_notebook_shows_the_recommendation():
 
 def test_calibrate_mask_writes_the_recommendation_with_the_measured_values(monkeypatch, tmp_path):
     """Measured values equal to the paper's leave the 1.5B recipe unchanged; other values change only them."""
-    from capo_trl.cli import main
+    from capo_trl.cli.main import main
     from capo_trl.harness import calibrate_mask as mask
 
     measured = {"ref_high": 2.5, "ref_low": 1.05, "tau": 0.6, "score_spread": 0.6, "reference_auroc": 0.7,

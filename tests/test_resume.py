@@ -9,7 +9,7 @@ from tiny import digit_reward, tiny_dataset
 from transformers import TrainerCallback
 
 from capo_trl import CAPOConfig, CAPOTrainer
-from capo_trl.checkpoint import CAPO_STATE
+from capo_trl.training.checkpoint import CAPO_STATE
 
 COMMON = dict(
     per_device_train_batch_size=8, num_generations=4, max_completion_length=8, max_steps=4, learning_rate=5e-2,

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from capo_trl import CAPOConfig, CAPOTrainer
-from capo_trl.arithmetic import arithmetic_dataset, embedded_model_path
+from capo_trl.data.arithmetic import arithmetic_dataset, embedded_model_path
 from capo_trl.methods.scapo import rewrite_prompt, scapo_strength, semifactual_drift, stability_weights
 
 BASE = dict(output_dir="/tmp/capo-scapo-test", use_cpu=True, bf16=False, report_to="none")

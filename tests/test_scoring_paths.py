@@ -12,8 +12,8 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 
 from capo_trl import CAPOConfig, CAPOTrainer
 from capo_trl.advantages import mean_token_logprob
-from capo_trl.reference import PRE_CUSTOM_PROCESSORS, distribution_changes
-from capo_trl.scoring import collective_rows
+from capo_trl.training.reference import PRE_CUSTOM_PROCESSORS, distribution_changes
+from capo_trl.training.scoring import collective_rows
 
 COMMON = dict(
     per_device_train_batch_size=8, num_generations=4, max_completion_length=8, max_steps=2, learning_rate=1e-2,

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from capo_trl import data
-from capo_trl import train as capo_train
-from capo_trl.cli import main
+from capo_trl.data import benchmarks as data
+from capo_trl.cli import train as capo_train
+from capo_trl.cli.main import main
 from capo_trl.errors import UsageError
 from capo_trl.harness import runs
 from capo_trl.harness.presets import Budget, check_budget
-from capo_trl.tasks import TASKS, get_task
+from capo_trl.data.tasks import TASKS, get_task
 
 
 def test_every_task_has_its_start_model_and_the_model_can_read_its_prompts():

@@ -60,7 +60,7 @@ def test_paired_differences_use_complete_seeds_only(script, tmp_path):
 def test_the_tally_counts_what_the_mask_kept_and_dropped_in_a_real_run(script, tmp_path):
     from capo_trl.harness import runs
     from capo_trl.harness.presets import PRESETS, Budget
-    from capo_trl.tasks import get_task
+    from capo_trl.data.tasks import get_task
 
     budget = Budget(steps=2, prompts_per_step=4, num_generations=4, train_problems=16, val_every=2,
                     val_problems=4, val_samples=2, test_problems=4, test_samples=2, task="guess-half",

@@ -17,10 +17,10 @@ import torch
 import yaml
 from datasets import Dataset
 
-from capo_trl import cli
-from capo_trl import train as capo_train
-from capo_trl.reward_names import resolve_reward
-from capo_trl.reference import ReferenceScoreCache
+from capo_trl.cli import main as cli
+from capo_trl.cli import train as capo_train
+from capo_trl.cli.reward_names import resolve_reward
+from capo_trl.training.reference import ReferenceScoreCache
 
 HERE = Path(__file__).resolve().parent
 
@@ -104,7 +104,7 @@ def test_bad_arguments_fail_cleanly_naming_the_problem(tmp_path, capsys):
     cases = [
         (["--reward_funcs", "no_such_reward"], "Unknown reward function 'no_such_reward'"),
         (["--reward_funcs", "capo_trl.nowhere:f"], "Cannot load reward function 'capo_trl.nowhere:f'"),
-        (["--reward_funcs", "capo_trl.reward_names:REWARDS"], "not callable"),
+        (["--reward_funcs", "capo_trl.cli.reward_names:REWARDS"], "not callable"),
         (["--reward_funcs", "math_accuracy", "boxed_format", "--reward_weights", "1.0"], "reward_weights has 1"),
         (["--model_name_or_path", "m", "--load_in_4bit", "true"], "use_peft"),
         (["--model_name_or_path", "m", "--beta", "0.1", "--sync_ref_model", "true"], "sync_ref_model"),
@@ -309,7 +309,7 @@ def test_help_shows_the_documented_defaults(capsys):
 
 
 def test_reward_columns_are_checked_before_the_model_loads(tiny_model_dir, tmp_path, capsys, monkeypatch):
-    from capo_trl import trainer as trainer_module
+    from capo_trl.training import trainer as trainer_module
 
     def never(*args, **kwargs):
         raise AssertionError("CAPOTrainer was built")
@@ -376,7 +376,7 @@ def test_lora_trains_only_the_adapter_with_the_base_as_reference(tiny_model_dir,
     from accelerate.utils import is_peft_model
     from safetensors.torch import load_file
 
-    from capo_trl import trainer as trainer_module
+    from capo_trl.training import trainer as trainer_module
 
     built = []
     monkeypatch.setattr(trainer_module, "build_reference", lambda trainer, source: built.append(source))
@@ -399,7 +399,7 @@ def test_lora_trains_only_the_adapter_with_the_base_as_reference(tiny_model_dir,
 
 def test_embedded_default_trains(tiny_model_dir, tmp_path, monkeypatch):
     """`capo-trl train` with no model: the embedded model (else the tiny test model), arithmetic, math reward."""
-    from capo_trl import arithmetic
+    from capo_trl.data import arithmetic
 
     try:
         arithmetic.embedded_model_path()

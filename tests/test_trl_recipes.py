@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from capo_trl import train as capo_train
+from capo_trl.cli import train as capo_train
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "tests" / "data" / "trl_grpo_recipe.yaml"

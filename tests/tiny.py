@@ -8,7 +8,7 @@ import torch
 from datasets import Dataset
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from capo_trl.arithmetic import char_tokenizer
+from capo_trl.data.arithmetic import char_tokenizer
 
 CHARS = list("0123456789+-*=.,?!abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ{}\\()")
 CHAT_TEMPLATE = (

@@ -1,10 +1,10 @@
 """capo-trl: Calibration-Aware Policy Optimization for TRL."""
 
 from .advantages import capo_advantages, grpo_advantages, noise_mask
-from .callbacks import CalibrationCallback
-from .config import CAPOConfig
+from .evaluation.callbacks import CalibrationCallback
+from .training.config import CAPOConfig
 from .methods import Method, register_method
-from .trainer import CAPOTrainer
+from .training.trainer import CAPOTrainer
 
 __version__ = "0.1.0.dev0"
 

@@ -15,7 +15,7 @@ import torch
 
 from .grader import MathGrader, as_text, default_grader, last_boxed
 from .grader.normalize import _box_spans
-from .grader.tasks import CORRECT, DIED, GOLD_BAD, OOM, PRED_BAD, TIMED_OUT
+from .grader.worker import CORRECT, DIED, GOLD_BAD, OOM, PRED_BAD, TIMED_OUT
 from .methods.verbalized import answer_tag, parse_rlcr, rlcr_rewards
 
 __all__ = ["MathReward", "math_accuracy_reward", "boxed_format_reward", "AnswerTagReward", "RLCRReward",

@@ -13,7 +13,7 @@ from .fast import answer_key, fast_verdict, plain_number
 from .memory import GoldBook, Verdicts
 from .normalize import _gold_key, as_text, prepared_text
 from .pool import _Batch
-from .tasks import (
+from .worker import (
     _BOX_OPEN,
     _CHUNK,
     _CHUNK_BUDGET,

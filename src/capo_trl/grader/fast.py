@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-from .tasks import _BOX_OPEN, CORRECT, WRONG
+from .worker import _BOX_OPEN, CORRECT, WRONG
 
 _PERCENT = re.compile(r"%|percent|pct", re.IGNORECASE)
 _CLOSES_ENV = re.compile(r"\$|\\\)|\\\]|\][\s]")  # ends a $..$, \(..\), \[..\] or " [..] " environment

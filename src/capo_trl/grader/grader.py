@@ -15,7 +15,7 @@ from .call import grade_codes
 from .memory import GoldBook, Verdicts
 from .normalize import as_text
 from .pool import _STOP_WAIT, _Batch, _default_workers, _is_int, _Workers
-from .tasks import (
+from .worker import (
     _CHUNK,
     _CHUNK_BUDGET,
     _GRACE,

@@ -20,7 +20,7 @@ from typing import Protocol
 
 from pebble import ProcessExpired, ProcessPool
 
-from .tasks import _GRACE, DIED, KILLED, OOM, _init_worker
+from .worker import _GRACE, DIED, KILLED, OOM, _init_worker
 
 logger = logging.getLogger("capo_trl.grader")
 

@@ -11,8 +11,8 @@ import torch
 import yaml
 
 from ..advantages import quartile_thresholds, within_group_std
-from ..calibration import auroc
-from ..defaults import RECOMMENDED
+from ..evaluation.calibration import auroc
+from ..training.defaults import RECOMMENDED
 from ..errors import UsageError
 from .presets import is_number
 
@@ -26,7 +26,7 @@ def calibrate_mask(model, tokenizer, problems, n: int = 8, max_new_tokens: int =
     within-group spread of ``s`` (the natural unit of the surrogate); the reference's own AUROC
     says whether it is calibrated enough for the mask to mean anything.
     """
-    from ..evaluation import evaluate
+    from ..evaluation.evaluate import evaluate
 
     result = evaluate(model, tokenizer, problems, n=n, max_new_tokens=max_new_tokens, temperature=1.0,
                       **evaluate_kwargs)

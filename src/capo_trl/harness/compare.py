@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import plots
+from ..evaluation import plots
 from ..errors import UsageError, check_output_dir
 from . import runs
 from .presets import Budget, budget_flag, check_budget, check_methods, is_int
@@ -32,7 +32,7 @@ PLOTS = ("val_curves.png", "precision_coverage.png")
 
 def _plain(x):
     """JSON-ready (NaN becomes null) and normalised as a saved copy reads back."""
-    from ..evaluation import _json_safe
+    from ..evaluation.evaluate import _json_safe
 
     return json.loads(json.dumps(_json_safe(x), default=str))
 

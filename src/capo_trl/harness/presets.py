@@ -15,9 +15,9 @@ from pathlib import Path
 
 import yaml
 
-from ..defaults import EMBEDDED_METHOD, RECOMMENDED, TrainingBudget, training_config
+from ..training.defaults import EMBEDDED_METHOD, RECOMMENDED, TrainingBudget, training_config
 from ..errors import UsageError, check_model_path
-from ..tasks import get_task
+from ..data.tasks import get_task
 
 # The paper's CAPO, exactly (tau in nats, 1/tau scale, fixed mask thresholds).
 PAPER = dict(advantage_estimator="capo", tau=0.6, tau_mode="absolute", advantage_scale="paper",
@@ -155,7 +155,7 @@ def method_config(overrides: dict, seed: int, budget: Budget, out_dir, label: st
 
     import torch
 
-    from ..config import CAPOConfig
+    from ..training.config import CAPOConfig
 
     where = f"{flag}: method {label!r}" if label else f"{flag}: method"
     known = sorted(f.name for f in dataclasses.fields(CAPOConfig) if f.init)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..tasks import get_task
+from ..data.tasks import get_task
 from .presets import Budget, method_config
 
 HEADLINE = ("accuracy", "auroc", "auroc_question", "ece")
@@ -34,7 +34,7 @@ def evaluate_test(model, tokenizer, budget: Budget, seed: int, dataset=None):
 
     ``dataset(split, n, seed=...)`` gives the problems (default: those of the budget's task).
     """
-    from ..evaluation import evaluate
+    from ..evaluation.evaluate import evaluate
 
     problems = (dataset or get_task(budget.task).dataset)("test", budget.test_problems)
     return evaluate(model, tokenizer, problems, n=budget.test_samples, max_new_tokens=budget.max_completion_length,
@@ -77,8 +77,8 @@ def train_method(overrides: dict, seed: int, budget: Budget, out_dir: Path, data
     """
     from transformers import AutoTokenizer
 
-    from ..callbacks import CalibrationCallback
-    from ..trainer import CAPOTrainer
+    from ..evaluation.callbacks import CalibrationCallback
+    from ..training.trainer import CAPOTrainer
 
     model = start_model(budget)
     dataset = dataset or get_task(budget.task).dataset

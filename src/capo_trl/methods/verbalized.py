@@ -191,7 +191,7 @@ def verbalized_calibration(samples: list[dict], parse: Callable[[str], Verbalize
     Only graded samples that state a confidence count; ``verbal_stated_frac`` says how many did, so
     a model that rarely states one cannot look calibrated by omission.
     """
-    from .. import calibration as cal
+    from ..evaluation import calibration as cal
 
     graded = [r for r in samples if r.get("grade") is not None]
     stated = [(parse(r["completion"]).confidence, r["grade"]) for r in graded]

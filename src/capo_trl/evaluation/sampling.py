@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .reference import RolloutLogprobRecorder
+from ..training.reference import RolloutLogprobRecorder
 
 
 def _load_tokenizer(tokenizer, path: str | None):

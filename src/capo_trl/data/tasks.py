@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Callable
 
 from .arithmetic import EMBEDDED_MODEL_DIR, arithmetic_dataset
-from .errors import UsageError
+from ..errors import UsageError
 from .guessing import GuessTask, guess_dataset
 
-ASSETS = Path(__file__).resolve().parent / "assets"
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import torch
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import use_adapter
 
-from .advantages import mean_token_logprob
+from ..advantages import mean_token_logprob
 from .losses import FORWARD_KEYS
 from .reference import sequence_keys
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .advantages import mean_token_logprob
+from ..advantages import mean_token_logprob
 
 # Extra model inputs TRL's forward accepts (multimodal); passed through unchanged when present.
 FORWARD_KEYS = (

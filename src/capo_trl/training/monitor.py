@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .advantages import mixed_groups
-from .calibration import auroc_per_question
+from ..advantages import mixed_groups
+from ..evaluation.calibration import auroc_per_question
 
 
 def rollout_metrics(rewards: torch.Tensor, scores: torch.Tensor, advantages: torch.Tensor, num_generations: int,

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from transformers import Trainer, TrainerCallback
 
-from .evaluation import EvalResult, evaluate
+from .evaluate import EvalResult, evaluate
 from .plots import calibration_history
 
 __all__ = ["CalibrationCallback"]
@@ -133,7 +133,7 @@ class CalibrationCallback(TrainerCallback):
 
         from .calibration import ece
         from .confidence import cross_fitted
-        from .errors import UsageError
+        from ..errors import UsageError
 
         graded = [r for r in result.samples if r["grade"] is not None]
         y = np.array([r["grade"] for r in graded], dtype=float)
@@ -146,7 +146,7 @@ class CalibrationCallback(TrainerCallback):
 
     def _grader(self):
         if self.grader is None:
-            from .grader import default_grader
+            from ..grader import default_grader
 
             self.grader = default_grader()
         return self.grader

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import yaml
 
-from . import data
-from .config import CAPOConfig
-from .defaults import EMBEDDED_METHOD, TrainingBudget, training_config
-from .errors import UsageError, check_model_path, check_output_dir
+from ..data import benchmarks as data
+from ..training.config import CAPOConfig
+from ..training.defaults import EMBEDDED_METHOD, TrainingBudget, training_config
+from ..errors import UsageError, check_model_path, check_output_dir
 from .reward_names import resolve_reward
-from .tasks import TASKS
+from ..data.tasks import TASKS
 
 
 @dataclass

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from datasets import Dataset
 
-from .errors import UsageError
+from ..errors import UsageError
 
 # ------------------------------------------------------------------------------------------------
 # Benchmark registry: hub datasets, the arithmetic task and local files, one normalised schema.

@@ -20,7 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from . import calibration as cal
-from .errors import UsageError
+from ..errors import UsageError
 from .sampling import (
     _eos_ids,
     _load_model,
@@ -242,7 +242,7 @@ def evaluate(model, tokenizer, problems, n: int = 16, *, ks: list[int] | None = 
     if backend != "vllm":
         model = _load_model(model, device, dtype)
     if grader is None:
-        from .grader import default_grader
+        from ..grader import default_grader
 
         grader = default_grader()
 

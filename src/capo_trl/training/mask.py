@@ -12,7 +12,7 @@ import warnings
 
 import torch
 
-from .advantages import noise_mask, quartile_thresholds
+from ..advantages import noise_mask, quartile_thresholds
 
 
 class NoiseMask:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import UsageError
+from ..errors import UsageError
 
 INDEPENDENT = "samples (Clopper-Pearson; assumes independent samples: pass groups= when a question has several)"
 QUESTIONS = "questions (betting test on per-question sums; assumes independent questions)"

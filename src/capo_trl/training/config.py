@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from .methods import BUILTIN, resolve_method
-from .methods.base import check_fields
+from ..methods import BUILTIN, resolve_method
+from ..methods.base import check_fields
 
 THRESHOLD_MODES = ("fixed", "auto")
 REF_SCORING = ("auto", "all", "needed")

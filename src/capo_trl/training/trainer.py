@@ -27,15 +27,15 @@ from packaging.version import Version
 from trl import GRPOTrainer
 from trl.trainer.utils import get_config_model_id, pad
 
-from .advantages import within_group_std
+from ..advantages import within_group_std
 from .checkpoint import CheckpointedState
 from .checks import check_dataset_size, check_prompt_lengths
 from .config import MASK_FREE_NORMALISER, CAPOConfig
-from .errors import UsageError
+from ..errors import UsageError
 from .losses import MethodLosses
 from .mask import NoiseMask
-from .methods import AdvantageInputs, Rollout, resolve_method
-from .methods.base import verbalized_inputs
+from ..methods import AdvantageInputs, Rollout, resolve_method
+from ..methods.base import verbalized_inputs
 from .model_card import CAPO_PAPER, settings_section
 from .monitor import rollout_metrics
 from .reference import (

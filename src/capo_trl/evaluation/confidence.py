@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import UsageError
+from ..errors import UsageError
 from .selective import (
     INDEPENDENT,
     ONE_EACH,
@@ -245,7 +245,7 @@ def answer_or_abstain(model, tokenizer, prompt, calibrator: Calibrator, *, max_n
     text = tokenizer.decode(ids, skip_special_tokens=True)
     score = float(np.mean(logps)) if len(logps) else float("-inf")
     if grader is None:
-        from .grader import default_grader
+        from ..grader import default_grader
 
         grader = default_grader()
     answer = grader.extract([text])[0]

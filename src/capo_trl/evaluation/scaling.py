@@ -72,7 +72,7 @@ class ScalingResult:
 
 
 def _default_grader():
-    from .grader import default_grader  # lazy: the grader pulls in math-verify and its workers
+    from ..grader import default_grader  # lazy: the grader pulls in math-verify and its workers
 
     return default_grader()
 

@@ -12,7 +12,7 @@ import math
 import sys
 from pathlib import Path
 
-from . import arithmetic, data
+from ..data import arithmetic, benchmarks as data
 
 
 # ------------------------------------------------------------------------------------ eval
@@ -23,7 +23,7 @@ def _one_line(run):
 
     @functools.wraps(run)
     def wrapped(args) -> int:
-        from .errors import UsageError
+        from ..errors import UsageError
 
         try:
             return run(args)
@@ -67,7 +67,7 @@ def _add_data_args(p) -> None:
 
 
 def _at_least(value, flag: str, minimum: int = 1, what: str = "") -> None:
-    from .errors import UsageError
+    from ..errors import UsageError
 
     if value is not None and value < minimum:
         raise UsageError(f"{flag} must be >= {minimum}{f' ({what})' if what else ''}, got {value}.")
@@ -89,7 +89,7 @@ def _check_device(device: str | None) -> None:
         return
     import torch
 
-    from .errors import UsageError
+    from ..errors import UsageError
 
     try:
         dev = torch.device(device)
@@ -152,8 +152,8 @@ _EVAL_FLAGS = {"n": "--n", "ks": "--ks", "temperature": "--temperature", "top_p"
 def run_eval(args) -> int:
     import importlib.util
 
-    from . import evaluation
-    from .errors import UsageError, check_model_path, check_output_dir
+    from ..evaluation import evaluate as evaluation
+    from ..errors import UsageError, check_model_path, check_output_dir
 
     _quiet(args)
     # Everything is checked before the model loads: numbers, device, output, data, model path.
@@ -212,7 +212,7 @@ def run_eval(args) -> int:
 
 # ------------------------------------------------------------------------------------ demo / compare
 def _add_budget_args(p, steps: int, test_problems: int) -> None:
-    from .tasks import DEFAULT_TASK, TASKS
+    from ..data.tasks import DEFAULT_TASK, TASKS
 
     p.add_argument("--task", default=DEFAULT_TASK, metavar="TASK",
                    help=f"embedded task: {'; '.join(f'{t.name}: {t.summary}' for t in TASKS.values())} "
@@ -226,7 +226,7 @@ def _add_budget_args(p, steps: int, test_problems: int) -> None:
 
 
 def _budget(args, **extra):
-    from .harness.presets import Budget
+    from ..harness.presets import Budget
 
     fields = dict(steps=args.steps, test_problems=args.test_problems, test_samples=args.test_samples,
                   grader_noise=args.grader_noise, task=args.task, model=args.model, progress=not args.no_progress, **extra)
@@ -247,7 +247,7 @@ def add_demo_parser(subparsers) -> None:
 
 @_one_line
 def run_demo(args) -> int:
-    from .harness.demo import demo
+    from ..harness.demo import demo
 
     _quiet(args)
     demo(_budget(args, val_every=max(1, args.steps // 2), val_problems=32), method=args.method)
@@ -259,7 +259,7 @@ class _PresetsHelp(argparse.HelpFormatter):
 
     def add_text(self, text):
         if text and "{presets}" in text:
-            from .harness.presets import PRESETS
+            from ..harness.presets import PRESETS
 
             text = text.replace("{presets}", ", ".join(sorted(PRESETS)))
         super().add_text(text)
@@ -292,8 +292,8 @@ def add_compare_parser(subparsers) -> None:
 
 @_one_line
 def run_compare(args) -> int:
-    from .harness.compare import compare
-    from .harness.presets import parse_methods
+    from ..harness.compare import compare
+    from ..harness.presets import parse_methods
 
     _quiet(args)
     methods = parse_methods(args.methods)
@@ -330,8 +330,8 @@ def add_calibrate_mask_parser(subparsers) -> None:
 
 @_one_line
 def run_calibrate_mask(args) -> int:
-    from .errors import UsageError, check_model_path
-    from .harness import calibrate_mask as harness
+    from ..errors import UsageError, check_model_path
+    from ..harness import calibrate_mask as harness
 
     _at_least(args.limit, "--limit", what="number of prompts")
     _at_least(args.n, "--n", what="samples per prompt")
@@ -422,7 +422,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``capo-trl`` parser with every subcommand of :data:`SUBCOMMANDS` (also used to test the CLI)."""
-    from . import __version__
+    from .. import __version__
 
     parser = _Parser(prog="capo-trl", description="Calibration-Aware Policy Optimization for TRL.")
     parser.add_argument("--version", action="version", version=f"capo-trl {__version__}")
@@ -435,7 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``capo-trl`` command; returns the exit status (callable from Python and tests)."""
     args = build_parser().parse_args(argv)
-    from .errors import UsageError
+    from ..errors import UsageError
 
     try:
         return args.func(args)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 
-from .errors import UsageError
+from ..errors import UsageError
 
 
 def check_dataset_size(dataset, args) -> None:

@@ -25,11 +25,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from . import data
-from .config import CAPOConfig
-from .errors import UsageError
+from ..data import benchmarks as data
+from ..training.config import CAPOConfig
+from ..errors import UsageError
 from .reward_names import check_reward_columns, resolve_reward
-from .tasks import get_task
+from ..data.tasks import get_task
 
 # The arguments (parsing, defaults, checks) live in train_args; their names stay importable from here.
 from .train_args import (  # noqa: F401
@@ -74,7 +74,7 @@ def load_problems(script_args: ScriptArguments, split: str | None, limit: int | 
 
 def drop_long_prompts(ds, tokenizer, max_tokens: int):
     """Keep rows whose prompt, rendered as TRL renders it, fits in ``max_tokens`` tokens."""
-    from .checks import prompt_lengths
+    from ..training.checks import prompt_lengths
 
     return ds.filter(lambda row: prompt_lengths([row["prompt"]], tokenizer)[0] <= max_tokens)
 
@@ -93,7 +93,7 @@ def build_trainer(script_args: ScriptArguments, training_args: CAPOConfig, model
     from transformers import AutoTokenizer
     from trl import get_peft_config, get_quantization_config
 
-    from .trainer import CAPOTrainer
+    from ..training.trainer import CAPOTrainer
 
     # without a model the dataset is an embedded task (check_args): its own start model
     model = (model_args.model_name_or_path
@@ -138,7 +138,7 @@ def _calibration_monitor(script_args: ScriptArguments):
     name = script_args.calibration_dataset
     if name is None:
         return None
-    from .callbacks import CalibrationCallback
+    from ..evaluation.callbacks import CalibrationCallback
 
     if Path(name).suffix.lower() in data.LOCAL_SUFFIXES:
         problems = data.load_benchmark(name, limit=script_args.calibration_limit, columns=script_args.columns(),

@@ -18,7 +18,7 @@ import torch
 from accelerate.utils import gather_object
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from .errors import UsageError
+from ..errors import UsageError
 
 CAPO_STATE = "capo_state.pt"
 LEGACY_STATE = "capo_state_{}.pt"  # one file per process, written before capo_state.pt existed

@@ -133,7 +133,7 @@ def char_tokenizer(chars: str = ARITHMETIC_CHARS, chat_template: str | None = No
     return tokenizer
 
 
-EMBEDDED_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "arith-tiny"
+EMBEDDED_MODEL_DIR = Path(__file__).resolve().parents[1] / "assets" / "arith-tiny"
 
 
 def embedded_model_path() -> str:

@@ -9,8 +9,8 @@ import os
 import sys
 from collections.abc import Callable
 
-from . import data
-from .errors import UsageError
+from ..data import benchmarks as data
+from ..errors import UsageError
 
 # Reward functions known by short name (they win over TRL's); then trl.rewards' own names; else a dotted path.
 REWARDS = {
