@@ -138,7 +138,7 @@ def main():
 
 def recorder_cost(hidden, layers, reps=30):
     """generate() alone vs with the rollout log-prob recorder, alternated: the recorder's share of sampling."""
-    from capo_trl.training.reference import RolloutLogprobRecorder
+    from capo_trl.evaluation.recorder import RolloutLogprobRecorder
 
     with tempfile.TemporaryDirectory() as tmp:
         model = Qwen2ForCausalLM.from_pretrained(build_tiny_model(Path(tmp) / "m", hidden_size=hidden,

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 
 from capo_trl import CAPOConfig, CAPOTrainer
 from capo_trl.advantages import mean_token_logprob
-from capo_trl.training.reference import PRE_CUSTOM_PROCESSORS, distribution_changes
+from capo_trl.evaluation.recorder import PRE_CUSTOM_PROCESSORS, distribution_changes
 from capo_trl.training.scoring import collective_rows
 
 COMMON = dict(

@@ -17,7 +17,7 @@ column passed to the reward functions), ``trl.rewards``' function names, ``rewar
 ``datasets`` (mixtures) and ``dataset_streaming`` are refused with what to do instead (docs/migration.md).
 
 This module loads the data and the model and runs the trainer; parsing and checking the arguments
-is :mod:`capo_trl.train_args` (its public names are importable from here too).
+is :mod:`capo_trl.cli.train_args` (its public names are importable from here too).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from .train_args import (  # noqa: F401
 
 # ------------------------------------------------------------------------------------------ data
 def load_problems(script_args: ScriptArguments, split: str | None, limit: int | None):
-    """The dataset as ``prompt``/``answer``/``id`` rows (:func:`capo_trl.data.normalise`): registry name,
+    """The dataset as ``prompt``/``answer``/``id`` rows (:func:`capo_trl.data.benchmarks.normalise`): registry name,
     local file or hub id."""
     name = script_args.dataset_name or "arithmetic"
     kind = data.dataset_kind(name)

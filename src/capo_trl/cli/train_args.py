@@ -3,7 +3,7 @@
 :class:`ScriptArguments` (data and reward), TRL's :class:`~trl.TrlParser` over it, :class:`~capo_trl.CAPOConfig`
 and :class:`~trl.ModelConfig`, the embedded default's settings as parser defaults, and the checks
 that need no model or dataset (:func:`check_args`) or only the file system (:func:`preflight`), so a
-bad recipe fails before an hour of loading. :mod:`capo_trl.train` builds and runs the trainer.
+bad recipe fails before an hour of loading. :mod:`capo_trl.cli.train` builds and runs the trainer.
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ class ScriptArguments:
 
     dataset_name: str | None = field(
         default=None,
-        metadata={"help": f"Training data: a capo_trl.data registry name ({', '.join(sorted(data.BENCHMARKS))}), a "
+        metadata={"help": f"Training data: a capo_trl.data.benchmarks registry name ({', '.join(sorted(data.BENCHMARKS))}), a "
                   f"hub dataset id (or a local dataset folder), or a local {'/'.join(data.LOCAL_SUFFIXES)} file. "
                   "A file or hub dataset with a 'prompt' column (TRL's text or conversational format) is used as is; "
                   "else its 'problem' and 'answer' columns make the prompts (prompt_template). Every other column "
                   "reaches the reward functions as a keyword argument, as in TRL. Default: the embedded arithmetic "
-                  "task; without model_name_or_path, an embedded task (capo_trl.tasks) trains its own start model."},
+                  "task; without model_name_or_path, an embedded task (capo_trl.data.tasks) trains its own start model."},
     )
     dataset_config: str | None = field(
         default=None, metadata={"help": "Configuration name of a hub dataset id (load_dataset's `name`)."},
@@ -46,7 +46,7 @@ class ScriptArguments:
     dataset_train_split: str | None = field(
         default=None,
         metadata={"help": "Split to train on. Default: 'train' for an embedded task, the registry's split for another "
-                  "registered name (capo_trl.data.BENCHMARKS), 'train' for a hub id; not allowed for a local file."},
+                  "registered name (capo_trl.data.benchmarks.BENCHMARKS), 'train' for a hub id; not allowed for a local file."},
     )
     dataset_test_split: str | None = field(
         default=None,
@@ -64,7 +64,7 @@ class ScriptArguments:
     prompt_template: str | None = field(
         default=None,
         metadata={"help": f"How a problem becomes a prompt: one of {', '.join(sorted(data.PROMPT_TEMPLATES))} "
-                  "(capo_trl.data.PROMPT_TEMPLATES). Default: the registry's for a registered name "
+                  "(capo_trl.data.benchmarks.PROMPT_TEMPLATES). Default: the registry's for a registered name "
                   f"('{data.BENCHMARKS['arithmetic'].template}' for arithmetic), else '{data.DEFAULT_TEMPLATE}'.",
                   "choices": sorted(data.PROMPT_TEMPLATES)},
     )
@@ -144,7 +144,7 @@ def make_parser(prog: str = "capo-trl train"):
 
 
 def embedded_defaults() -> dict:
-    """Trainer settings for the embedded tiny model (:mod:`capo_trl.defaults`): those of ``capo-trl demo``.
+    """Trainer settings for the embedded tiny model (:mod:`capo_trl.training.defaults`): those of ``capo-trl demo``.
 
     They are parser defaults, so a recipe or a flag still overrides each of them.
     """

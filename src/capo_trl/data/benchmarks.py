@@ -102,7 +102,7 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
         BenchmarkSpec("olympiadbench", "Hothan/OlympiadBench", split="train", problem="question",
                       answer="final_answer", id="id", config="OE_TO_maths_en_COMP"),
         BenchmarkSpec("deepscaler", "agentica-org/DeepScaleR-Preview-Dataset", split="train"),
-        # the embedded tasks (capo_trl.tasks): no hub id, generated splits train/validation/test
+        # the embedded tasks (capo_trl.data.tasks): no hub id, generated splits train/validation/test
         BenchmarkSpec("arithmetic", None, template="raw"),
         BenchmarkSpec("guess", None, template="raw"),
         BenchmarkSpec("guess-half", None, template="raw"),
@@ -122,7 +122,7 @@ def registry_key(name: str) -> str | None:
 
 
 def embedded_task(name: str) -> str | None:
-    """The :mod:`capo_trl.tasks` name a dataset name means (a registry name with no hub id), or None."""
+    """The :mod:`capo_trl.data.tasks` name a dataset name means (a registry name with no hub id), or None."""
     key = registry_key(name)
     return key if key is not None and BENCHMARKS[key].hub_id is None else None
 

@@ -81,7 +81,7 @@ def guess_dataset(split: str = "train", n: int = 1000, seed: int = 0, task: Gues
                   max_tries_factor: int = 200) -> Dataset:
     """``n`` distinct problems of one split, ``round(guess_fraction * n)`` of them guessable, in a seeded order.
 
-    Columns: those of :func:`~capo_trl.arithmetic.arithmetic_dataset` (``prompt``, ``answer``,
+    Columns: those of :func:`~capo_trl.data.arithmetic.arithmetic_dataset` (``prompt``, ``answer``,
     ``solution``, ``num_operands``) plus ``guessable`` and ``solutions`` (every worked solution
     consistent with the prompt: one for a derivable item, ``hidden_max + 1`` for a guessable one).
     The derivable items are exactly ``arithmetic_dataset(split, n - n_guess, seed)``; splits are

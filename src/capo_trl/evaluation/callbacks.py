@@ -36,7 +36,7 @@ _NOT_LOGGED = ("n_problems", "n_samples")
 
 
 class CalibrationCallback(TrainerCallback):
-    """Evaluate ``eval_dataset`` with :func:`capo_trl.evaluation.evaluate` during training.
+    """Evaluate ``eval_dataset`` with :func:`capo_trl.evaluation.evaluate.evaluate` during training.
 
     Runs at train begin (the step-0 point) and whenever ``global_step % every_n_steps == 0``,
     and logs every scalar metric as ``{prefix}{name}`` (``val/mean@8``, ``val/auroc``,
@@ -44,7 +44,7 @@ class CalibrationCallback(TrainerCallback):
     Sampling settings default to the trainer's (``temperature``, ``top_p``, ``top_k``,
     ``max_completion_length``), so the confidence ``s`` is the one the trainer computes.
     ``history`` holds ``{"step", **metrics}`` per evaluation; ``last_result`` the last
-    :class:`~capo_trl.evaluation.EvalResult` (main process only).
+    :class:`~capo_trl.evaluation.evaluate.EvalResult` (main process only).
 
     ``calibration`` (``"platt"`` by default; ``None`` to skip): also log ``{prefix}ece_calibrated``,
     the ECE of P(correct) after recalibrating ``s`` with that method, cross-fitted by question (a map
@@ -162,7 +162,7 @@ class CalibrationCallback(TrainerCallback):
 
     # ------------------------------------------------------------------------------- figure
     def plot(self, path) -> Path:
-        """AUROC (pooled, per question) and accuracy against training step, as one PNG (:mod:`capo_trl.plots`)."""
+        """AUROC (pooled, per question) and accuracy against training step, as one PNG (:mod:`capo_trl.evaluation.plots`)."""
         if not self.history:
             raise ValueError("CalibrationCallback.plot: no evaluation has run yet.")
         return calibration_history(self.history, path, prefix=self.prefix, n=self.n)

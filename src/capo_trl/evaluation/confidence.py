@@ -5,7 +5,7 @@ CAPO trains ``s`` to *rank* right answers above wrong ones; a ranking is not a p
 held-out calibration split (temperature scaling, Platt/logistic, or isotonic regression from
 scikit-learn), saves it as a small JSON file next to the model, and applies it to new samples
 without scikit-learn objects. :meth:`Calibrator.fit_threshold` then picks the lowest score at
-which answering still meets a target precision with a stated confidence (:mod:`capo_trl.selective`:
+which answering still meets a target precision with a stated confidence (:mod:`capo_trl.evaluation.selective`:
 fixed-sequence tests from the most confident down, at the question level when ``groups`` says which
 question each sample answers, so the chance of ending below the target is at most
 ``1 - confidence``).

@@ -1,7 +1,7 @@
 """Evaluate a model the way CAPO reports it: N sampled answers per problem, accuracy, calibration.
 
 The confidence of a completion is its mean token log-prob ``s`` under the sampling temperature,
-recorded while ``generate`` samples by the same :class:`~capo_trl.reference.RolloutLogprobRecorder`
+recorded while ``generate`` samples by the same :class:`~capo_trl.evaluation.recorder.RolloutLogprobRecorder`
 the trainer uses, so a score here means exactly what it means in training. AUROC and AURC rank
 ``s`` directly; ECE and Brier use ``exp(s)`` (docs/evaluation.md).
 """
@@ -179,7 +179,7 @@ def _as_problems(problems) -> list[dict]:
     missing = [k for k in ("prompt", "answer") if k not in rows[0]]
     if missing:
         raise UsageError(f"evaluate: problems need 'prompt' and 'answer' fields, missing {missing} "
-                         "(capo_trl.data.load_benchmark returns them).")
+                         "(capo_trl.data.benchmarks.load_benchmark returns them).")
     out = [{"prompt": r["prompt"], "answer": r["answer"], "id": str(r.get("id", i))} for i, r in enumerate(rows)]
     seen, repeated = set(), []
     for r in out:
@@ -212,7 +212,7 @@ def evaluate(model, tokenizer, problems, n: int = 16, *, ks: list[int] | None = 
     any model is loaded (:func:`check_settings`).
 
     ``calibrate_on``: problems of another split (no question in common with ``problems``), sampled
-    the same way; a :class:`~capo_trl.confidence.Calibrator` (``calibration``: temperature, platt or
+    the same way; a :class:`~capo_trl.evaluation.confidence.Calibrator` (``calibration``: temperature, platt or
     isotonic) is fitted there and its P(correct) reported on ``problems`` (``ece_calibrated``,
     ``brier_calibrated``, per-sample ``probability``, ``config["calibrator"]``). With
     ``target_precision`` the abstention threshold on ``s`` is chosen on the calibration split too,
@@ -279,7 +279,7 @@ def _prompt_key(row: dict) -> str:
 
 def recalibrate(result: EvalResult, calibration_samples: list[dict], method: str = "platt",
                 target_precision: float | None = None, confidence: float = 0.95, n_bins: int = 10):
-    """Fit a :class:`~capo_trl.confidence.Calibrator` on ``calibration_samples`` and report it on ``result``.
+    """Fit a :class:`~capo_trl.evaluation.confidence.Calibrator` on ``calibration_samples`` and report it on ``result``.
 
     Adds ``ece_calibrated``, ``brier_calibrated``, the calibrated reliability bins, a per-sample
     ``probability`` and ``config["calibrator"]``; with ``target_precision`` the threshold on ``s`` chosen

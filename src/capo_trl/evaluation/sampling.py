@@ -1,7 +1,7 @@
 """Sampling N completions per prompt with their mean token log-probs: transformers or vLLM.
 
 The score of a completion is recorded while ``generate`` samples, by the same
-:class:`~capo_trl.reference.RolloutLogprobRecorder` the trainer uses.
+:class:`~capo_trl.evaluation.recorder.RolloutLogprobRecorder` the trainer uses.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..training.reference import RolloutLogprobRecorder
+from .recorder import RolloutLogprobRecorder
 
 
 def _load_tokenizer(tokenizer, path: str | None):

@@ -1,6 +1,6 @@
 """The math grader: math-verify in killable worker processes, with gold-answer fixes.
 
-Layers, each importing only those before it: ``normalize`` (pure string work), ``tasks`` (what runs
+Layers, each importing only those before it: ``normalize`` (pure string work), ``worker`` (what runs
 in a worker), ``fast`` (exact shortcuts in the parent), ``pool`` (the watched worker pool),
 ``memory`` (golds and verdicts remembered across calls), ``call`` (one grading call: grouping,
 deduplication, probes), ``grader`` (:class:`MathGrader`: the API; :func:`default_grader`: one

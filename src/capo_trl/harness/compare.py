@@ -1,7 +1,7 @@
 """`capo-trl compare`: methods side by side on identical data, seeds and budget, saved per run and resumable.
 
 Every method (:mod:`~capo_trl.harness.presets`) is trained by :func:`capo_trl.harness.runs.train_method`,
-validated during training by :class:`~capo_trl.callbacks.CalibrationCallback` and evaluated on the
+validated during training by :class:`~capo_trl.evaluation.callbacks.CalibrationCallback` and evaluated on the
 same test split; the start model is evaluated once. Each finished run is saved at once, so an
 interrupted comparison is readable and the same command resumes it.
 """

@@ -49,7 +49,7 @@ class Budget(TrainingBudget):
     """Everything but the method: identical for every run of a comparison.
 
     The training fields (steps, batch, learning rate, completion length, training problems) and
-    their defaults are :class:`capo_trl.defaults.TrainingBudget`'s; these add validation, test,
+    their defaults are :class:`capo_trl.training.defaults.TrainingBudget`'s; these add validation, test,
     grader noise, the task and model, and progress bars.
     """
 
@@ -59,7 +59,7 @@ class Budget(TrainingBudget):
     test_problems: int = 256
     test_samples: int = 8
     grader_noise: float = 0.0
-    task: str = "arithmetic"  # a capo_trl.tasks name: the data, and the start model when `model` is None
+    task: str = "arithmetic"  # a capo_trl.data.tasks name: the data, and the start model when `model` is None
     model: str | None = None
     progress: bool = True
 

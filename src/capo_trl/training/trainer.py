@@ -38,14 +38,8 @@ from ..methods import AdvantageInputs, Rollout, resolve_method
 from ..methods.base import verbalized_inputs
 from .model_card import CAPO_PAPER, settings_section
 from .monitor import rollout_metrics
-from .reference import (
-    ReferenceScoreCache,
-    RolloutLogprobRecorder,
-    add_reference_adapter,
-    build_reference,
-    distribution_changes,
-    snapshot,
-)
+from ..evaluation.recorder import RolloutLogprobRecorder, distribution_changes
+from .reference import ReferenceScoreCache, add_reference_adapter, build_reference, snapshot
 from .scoring import ReferenceScoring
 
 if TYPE_CHECKING:  # the constructor's annotations (GRPOTrainer's parameters), without importing these at runtime
