@@ -77,6 +77,10 @@ class MethodState(Protocol):
 
     def load_state_dict(self, state: dict) -> None: ...
 
+    # Optional: a state without it cannot resume on another number of processes (the trainer refuses).
+    reshard: ClassVar[Callable[[list[dict], int, int, int], dict] | None]
+    """``(states of every old process, process_index, num_processes, local_size) -> this process's state``."""
+
 
 class Method:
     """One way of turning a scored rollout batch into advantages (and, optionally, a loss).
