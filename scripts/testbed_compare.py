@@ -30,7 +30,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from testbed_pilot import ENDPOINTS, record, verdict  # noqa: E402
+from testbed_pilot import record, verdict  # noqa: E402
 
 TARGET_PRECISION, CONFIDENCE = 0.8, 0.95  # abstention: pre-registered in protocol-4.md
 SECONDARY = ("accuracy", "e_aurc", "ece", "auroc_question", "coverage@0.8", "guessable/modal_share",
@@ -176,7 +176,7 @@ def render(summary: dict) -> str:
         for m, ds in paired.items():
             lines.append(f"| {m} | " + " | ".join(f"{d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]"
                                                   for d in ds.values()) + " |")
-    lines += ["", f"Per seed, pooled AUROC:", "", "| method | " + " | ".join(f"seed {s}" for s in config["seeds"]) + " |",
+    lines += ["", "Per seed, pooled AUROC:", "", "| method | " + " | ".join(f"seed {s}" for s in config["seeds"]) + " |",
               "|---" * (len(config["seeds"]) + 1) + "|"]
     for m, per in summary["per_seed"].items():
         lines.append(f"| {m} | " + " | ".join(f"{per[s]['auroc']:.3f}" if s in per else "-" for s in config["seeds"])

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import deepspeed  # a test dependency (pip install -e ".[test]"): the runs below need it
+import deepspeed  # noqa: F401  -- a test dependency (pip install -e ".[test]"): the runs below need it
 import pytest
 from test_distributed import free_port
 

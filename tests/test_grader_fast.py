@@ -95,9 +95,10 @@ def test_equal_numbers_in_other_notations(graders):
     for _ in range(120):
         v = Fraction(rng.randint(-500, 500), rng.choice([1, 2, 4, 5, 8, 10, 3]))
         w = v + rng.choice([0, 0, Fraction(1, 7), Fraction(-3, 2)])
-        forms = lambda x: [f"{'-' if x < 0 else ''}\\frac{{{abs(x.numerator) * 3}}}{{{x.denominator * 3}}}"] + (
-            [str(x.numerator)] if x.denominator == 1 else []) + (
-            [f"{float(x):.6f}"] if (10**6 * x).denominator == 1 else [])  # fmt: skip
+        def forms(x):
+            return [f"{'-' if x < 0 else ''}\\frac{{{abs(x.numerator) * 3}}}{{{x.denominator * 3}}}"] + (
+                [str(x.numerator)] if x.denominator == 1 else []) + (
+                [f"{float(x):.6f}"] if (10**6 * x).denominator == 1 else [])  # fmt: skip
         completions.append(f"So $\\boxed{{{rng.choice(forms(v))}}}$.")
         golds.append(rng.choice(forms(w)))
     _same_as_full(graders, completions, golds)

@@ -55,7 +55,7 @@ def _check_same_length(**arrays: np.ndarray) -> int:
     names = list(arrays)
     lengths = [len(a) for a in arrays.values()]
     if len(set(lengths)) > 1:
-        got = ", ".join(f"{n}={l}" for n, l in zip(names, lengths))
+        got = ", ".join(f"{n}={k}" for n, k in zip(names, lengths))
         raise ValueError(f"{' and '.join(names)} must have the same length, got {got}")
     return lengths[0] if lengths else 0
 

@@ -203,7 +203,10 @@ class _Batch:
     def submit(self, i: int) -> None:
         self._token[i] += 1
         token, r = self._token[i], self.reward
-        callback = lambda fut: self._queue.put((i, token, fut))  # runs in pebble's thread
+
+        def callback(fut):  # runs in pebble's thread
+            self._queue.put((i, token, fut))
+
         for attempt in (0, 1):
             workers = r._get_pool()
             try:
