@@ -6,7 +6,7 @@ Without ``--shared`` it runs on the sample shipped with the tests (``tests/data/
 30 rows per benchmark); ``--shared DIR`` reads the full files (``math500.jsonl``, ``aime24.jsonl``,
 ``amc23.jsonl``, ``minerva.jsonl``, ``olympiadbench.jsonl``, ``math_train.jsonl``) from ``DIR``.
 
-Two workloads from the benchmark gold answers (``tests/reward_workloads.py``), each item with the
+Two workloads from the benchmark gold answers (``capo_trl.testing.reward_workloads``), each item with the
 label a careful grader should give:
 
 - mixed: every kind once per gold (correct, equivalent rewrite, anchored but unboxed, wrong,
@@ -34,9 +34,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from capo_trl.testing.reward_workloads import grpo_workload, missing_files, mixed_workload, write_sample
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
-from reward_workloads import grpo_workload, missing_files, mixed_workload, write_sample  # noqa: E402
+SAMPLE = HERE.parent / "tests" / "data" / "benchmarks_sample.jsonl"  # 30 rows per test benchmark
 
 TRL_WORKER = r"""
 import json, logging, sys, time
@@ -161,7 +162,7 @@ def main():
     args = ap.parse_args()
     if args.shared is None:
         scratch = tempfile.TemporaryDirectory(prefix="bench_reward_")  # removed when the script ends
-        args.shared = write_sample(Path(scratch.name))
+        args.shared = write_sample(Path(scratch.name), SAMPLE)
         print(f"data: the sample in tests/data (no --shared given), split into {args.shared}")
     elif missing := missing_files(args.shared):
         ap.error(f"--shared {args.shared} lacks {', '.join(missing)}: pass the folder that holds the benchmark files")

@@ -23,10 +23,8 @@ from transformers import Qwen2ForCausalLM, TrainerCallback
 from transformers.utils import logging as hf_logging
 from trl import GRPOConfig, GRPOTrainer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from tiny import build_tiny_model, digit_reward, tiny_dataset  # noqa: E402
-
-from capo_trl import CAPOConfig, CAPOTrainer  # noqa: E402
+from capo_trl import CAPOConfig, CAPOTrainer
+from capo_trl.testing.tiny import build_tiny_model, digit_reward, tiny_dataset
 
 MASK = dict(noise_mask=True, ref_high=1e6, ref_low=1.0)
 VARIANTS = {

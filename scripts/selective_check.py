@@ -19,15 +19,11 @@ is read off the map.
 import argparse
 import inspect
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 
 from capo_trl.evaluation.confidence import Calibrator, selective_report
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from selective_sim import grouped, grouped_precision  # the tests' model, one definition
+from capo_trl.testing.selective_sim import grouped, grouped_precision  # the tests' model, one definition
 
 GRID = np.linspace(-2.2, 0.2, 24001)
 

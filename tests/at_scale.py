@@ -17,7 +17,7 @@ import warnings
 
 import torch
 import vllm_standin
-from tiny import tiny_dataset
+from capo_trl.testing.tiny import tiny_dataset
 
 from capo_trl import CAPOConfig, CAPOTrainer
 

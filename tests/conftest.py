@@ -13,7 +13,7 @@ import torch  # noqa: E402
 # oversubscribe the CPU (generation was measured 100x slower under contention).
 torch.set_num_threads(1)
 
-from tiny import build_tiny_model  # noqa: E402
+from capo_trl.testing.tiny import build_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")

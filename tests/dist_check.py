@@ -5,7 +5,7 @@ import json
 import sys
 
 import torch
-from tiny import digit_reward, tiny_dataset
+from capo_trl.testing.tiny import digit_reward, tiny_dataset
 
 from capo_trl import CAPOConfig, CAPOTrainer
 from capo_trl.advantages import capo_advantages

@@ -51,7 +51,7 @@ def record(name: str, model_dir: str, out_dir: str) -> dict:
     """Train one run; per generation: advantages and kept rows; per step: every logged number but timings."""
     sys.path.insert(0, str(HERE))
     import torch
-    from tiny import digit_reward, tiny_dataset
+    from capo_trl.testing.tiny import digit_reward, tiny_dataset
 
     from capo_trl import CAPOConfig, CAPOTrainer
 
@@ -172,7 +172,7 @@ if __name__ == "__main__":
     import torch
 
     torch.set_num_threads(int(os.environ.get("GOLDEN_THREADS", "1")))
-    from tiny import build_tiny_model
+    from capo_trl.testing.tiny import build_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_model(Path(tmp) / "model")

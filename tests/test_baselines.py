@@ -5,7 +5,7 @@ import warnings
 
 import pytest
 import torch
-from tiny import build_tokenizer, digit_reward, tiny_dataset
+from capo_trl.testing.tiny import build_tokenizer, digit_reward, tiny_dataset
 from trl import GRPOTrainer
 
 from capo_trl import CAPOConfig, CAPOTrainer

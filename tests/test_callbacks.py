@@ -4,7 +4,7 @@ import math
 
 import pytest
 from eval_helpers import PNG, DigitGrader, one_torch_thread
-from tiny import digit_reward, tiny_dataset
+from capo_trl.testing.tiny import digit_reward, tiny_dataset
 from transformers import TrainerControl, TrainerState
 
 from capo_trl import CAPOConfig, CAPOTrainer

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 from scipy.stats import binom
-from selective_sim import grouped, grouped_precision
+from capo_trl.testing.selective_sim import grouped, grouped_precision
 
 from capo_trl.evaluation.confidence import (
     INDEPENDENT,

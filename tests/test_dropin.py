@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tiny import digit_reward, tiny_dataset
+from capo_trl.testing.tiny import digit_reward, tiny_dataset
 from trl import GRPOTrainer
 
 import capo_trl

@@ -14,7 +14,7 @@ import pytest
 import torch
 from eval_helpers import DigitGrader, math500_file, one_torch_thread, shortest_math500
 from sklearn.metrics import roc_auc_score
-from tiny import tiny_dataset
+from capo_trl.testing.tiny import tiny_dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from capo_trl.data.benchmarks import load_benchmark, qwen_math_prompt

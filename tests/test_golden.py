@@ -37,7 +37,7 @@ def test_other_kernels_and_threads_match_the_recording(tmp_path):
     would; the old 1e-6 comparison failed here.
     """
     script = ("import json, sys; sys.path.insert(0, sys.argv[1]); import torch; torch.set_num_threads(2); "
-              "from tiny import build_tiny_model; from golden import record; "
+              "from capo_trl.testing.tiny import build_tiny_model; from golden import record; "
               "m = build_tiny_model(sys.argv[2] + '/model'); "
               "print(json.dumps(record('scapo', m, sys.argv[2] + '/run')))")
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "default", "HF_HUB_OFFLINE": "1"}

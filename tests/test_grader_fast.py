@@ -5,7 +5,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
-from reward_workloads import grpo_workload, missing_files, mixed_workload, write_sample
+from capo_trl.testing.reward_workloads import grpo_workload, missing_files, mixed_workload, write_sample
 
 from capo_trl.grader import MathGrader
 from capo_trl.grader.fast import answer_key, fast_verdict, plain_number
@@ -25,7 +25,7 @@ def _shared_or_sample(tmp_path_factory) -> Path:
     """The shared benchmark files, or (CI without them) the sample shipped with the tests, split per file."""
     if SHARED.is_dir() and not missing_files(SHARED):
         return SHARED
-    return write_sample(tmp_path_factory.mktemp("benchmarks"))
+    return write_sample(tmp_path_factory.mktemp("benchmarks"), Path(__file__).parent / "data" / "benchmarks_sample.jsonl")
 
 
 @pytest.mark.parametrize(

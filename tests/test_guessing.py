@@ -108,7 +108,7 @@ def test_bad_settings_are_refused_naming_the_field():
 
 
 def test_pretrain_tiny_has_a_guess_task_with_its_own_tokenizer_and_package_directory():
-    spec = importlib.util.spec_from_file_location("pretrain_tiny", ROOT / "examples" / "pretrain_tiny.py")
+    spec = importlib.util.spec_from_file_location("pretrain_tiny", ROOT / "scripts" / "pretrain_tiny.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     chars, dataset, asset = script.TASKS["guess"]

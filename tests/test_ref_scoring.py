@@ -3,7 +3,7 @@ loss, and the trained weights are then identical to scoring them all."""
 
 import pytest
 import torch
-from tiny import digit_reward, tiny_dataset
+from capo_trl.testing.tiny import digit_reward, tiny_dataset
 
 from capo_trl import CAPOConfig, CAPOTrainer
 

@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from tiny import digit_reward, tiny_dataset
+from capo_trl.testing.tiny import digit_reward, tiny_dataset
 from transformers import TrainerCallback
 
 from capo_trl import CAPOConfig, CAPOTrainer

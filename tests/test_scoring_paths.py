@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from tiny import digit_reward, tiny_dataset
+from capo_trl.testing.tiny import digit_reward, tiny_dataset
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from capo_trl import CAPOConfig, CAPOTrainer

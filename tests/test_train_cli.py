@@ -462,7 +462,7 @@ def test_gpu_check_script_cpu_smoke(tmp_path):
 # ------------------------------------------------------------------------------------------ GPU / vLLM (skip here)
 def _vllm_model(tmp_path) -> str:
     """A small Qwen2 vLLM can serve (head dim 64), saved with the tests' character tokenizer."""
-    from tiny import build_tokenizer
+    from capo_trl.testing.tiny import build_tokenizer
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     tokenizer = build_tokenizer()

@@ -6,7 +6,7 @@ import warnings
 import pytest
 import torch
 from peft import LoraConfig
-from tiny import digit_reward, tiny_dataset
+from capo_trl.testing.tiny import digit_reward, tiny_dataset
 from trl import GRPOConfig, GRPOTrainer
 
 from capo_trl import CAPOConfig, CAPOTrainer

@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 import vllm_standin
-from tiny import tiny_dataset
+from capo_trl.testing.tiny import tiny_dataset
 
 from capo_trl import CAPOConfig, CAPOTrainer
 from capo_trl.advantages import mean_token_logprob

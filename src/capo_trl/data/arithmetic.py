@@ -137,11 +137,11 @@ EMBEDDED_MODEL_DIR = Path(__file__).resolve().parents[1] / "assets" / "arith-tin
 
 
 def embedded_model_path() -> str:
-    """The tiny arithmetic model shipped in the package (built by ``examples/pretrain_tiny.py``):
+    """The tiny arithmetic model shipped in the package (built by ``scripts/pretrain_tiny.py``):
     the default model of the CPU demo, so it runs with no hub access."""
     if not (EMBEDDED_MODEL_DIR / "config.json").is_file():
         raise FileNotFoundError(
             f"The embedded arithmetic model is missing from {EMBEDDED_MODEL_DIR}. Build it with "
-            "`python examples/pretrain_tiny.py --out runs/pretrain`, or pass a model path."
+            "`python scripts/pretrain_tiny.py --out runs/pretrain`, or pass a model path."
         )
     return str(EMBEDDED_MODEL_DIR)

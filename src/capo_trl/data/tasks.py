@@ -34,7 +34,7 @@ class Task:
         """The start model's directory, checked (a missing asset names the command that builds it)."""
         if not (self.model_dir / "config.json").is_file():
             raise FileNotFoundError(f"The start model of task {self.name!r} is missing from {self.model_dir}; build it "
-                                    "with examples/pretrain_tiny.py (its PROVENANCE.json holds the command).")
+                                    "with scripts/pretrain_tiny.py (its PROVENANCE.json holds the command).")
         return str(self.model_dir)
 
 

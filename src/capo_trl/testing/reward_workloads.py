@@ -1,4 +1,4 @@
-"""Grading workloads built from benchmark gold answers, shared by ``benchmarks/bench_reward.py`` and tests.
+"""Grading workloads built from benchmark gold answers, shared by ``benchmarks/bench_reward.py`` and the tests.
 
 Each item is ``(completion, gold, label, kind)``: the label a careful grader should give.
 
@@ -19,7 +19,6 @@ from pathlib import Path
 
 FILES = ["math500", "aime24", "amc23", "minerva", "olympiadbench"]
 GRPO_FILES = ["math500", "math_train"]
-SAMPLE = Path(__file__).resolve().parent / "data" / "benchmarks_sample.jsonl"  # 30 rows per test benchmark
 PATHOLOGICAL = [
     r"So the answer is \boxed{9^{9^{9^{9}}}}",
     r"\boxed{(10^{7})!}",
@@ -51,10 +50,10 @@ def missing_files(shared: Path) -> list[str]:
     return [f"{name}.jsonl" for name in dict.fromkeys(FILES + GRPO_FILES) if not (shared / f"{name}.jsonl").is_file()]
 
 
-def write_sample(out: Path) -> Path:
-    """The sample shipped with the tests, one file per benchmark in ``out`` (its MATH500 rows stand in
-    for MATH train, which the sample lacks); returns ``out``."""
-    rows_ = [json.loads(line) for line in SAMPLE.open()]
+def write_sample(out: Path, sample: Path) -> Path:
+    """A sample of every benchmark (``tests/data/benchmarks_sample.jsonl`` in the repository), one file
+    per benchmark in ``out`` (its MATH500 rows stand in for MATH train, which the sample lacks); returns ``out``."""
+    rows_ = [json.loads(line) for line in sample.open()]
     out.mkdir(parents=True, exist_ok=True)
     for name in dict.fromkeys(FILES + GRPO_FILES):
         mine = [r for r in rows_ if r["benchmark"] == (name if name != "math_train" else "math500")]

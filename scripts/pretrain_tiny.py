@@ -5,7 +5,7 @@ each on the validation split (accuracy and calibration of mean token log-prob) a
 chosen one into the package (`src/capo_trl/assets/arith-tiny`), where every `capo-trl` command finds
 it when no model is given.
 
-    python examples/pretrain_tiny.py --out runs/pretrain [--steps 900] [--install-step 600]
+    python scripts/pretrain_tiny.py --out runs/pretrain [--steps 900] [--install-step 600]
 
 ``--task guess`` builds the start model of the guessable-items task instead (`capo_trl.data.guessing`:
 the arithmetic task with a quarter of its problems' last operand hidden): its tokenizer adds ``?``,
@@ -152,7 +152,7 @@ def validate_and_install(args, tokenizer):
         task_flags = (f" --task guess --save-every {args.save_every} --eval-problems {args.eval_problems} "
                       f"--eval-samples {args.eval_samples}" if args.task == "guess" else "")
         (asset / "PROVENANCE.json").write_text(json.dumps({
-            "command": f"python examples/pretrain_tiny.py --out {args.out} --steps {args.steps} "
+            "command": f"python scripts/pretrain_tiny.py --out {args.out} --steps {args.steps} "
                        f"--seed {args.seed} --install-step {args.install_step}{task_flags}",
             "validation": report.get(chosen.name),
         }, indent=2))
