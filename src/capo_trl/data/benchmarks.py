@@ -10,6 +10,7 @@ from pathlib import Path
 from datasets import Dataset
 
 from ..errors import UsageError
+from .tasks import TASKS, get_task
 
 # ------------------------------------------------------------------------------------------------
 # Benchmark registry: hub datasets, the arithmetic task and local files, one normalised schema.
@@ -102,10 +103,8 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
         BenchmarkSpec("olympiadbench", "Hothan/OlympiadBench", split="train", problem="question",
                       answer="final_answer", id="id", config="OE_TO_maths_en_COMP"),
         BenchmarkSpec("deepscaler", "agentica-org/DeepScaleR-Preview-Dataset", split="train"),
-        # the embedded tasks (capo_trl.data.tasks): no hub id, generated splits train/validation/test
-        BenchmarkSpec("arithmetic", None, template="raw"),
-        BenchmarkSpec("guess", None, template="raw"),
-        BenchmarkSpec("guess-half", None, template="raw"),
+        # the embedded tasks, registered in capo_trl.data.tasks: no hub id, generated splits train/validation/test
+        *(BenchmarkSpec(name, None, template="raw") for name in TASKS),
     )
 }
 _ALIASES = {"math-500": "math500", "aime2024": "aime24", "aime2025": "aime25", "amc2023": "amc23",
@@ -159,8 +158,6 @@ def load_benchmark(name_or_path: str, split: str | None = None, limit: int | Non
     if limit is not None and limit < 1:
         raise BenchmarkError(f"limit must be >= 1, got {limit}.")
     if spec is not None and spec.hub_id is None:  # an embedded task
-        from .tasks import get_task
-
         ds = get_task(spec.name).dataset(split or "test", limit or _EMBEDDED_DEFAULT_SIZE)
         return normalise(ds, {"problem": "prompt", "answer": "answer", "id": None}, template, name=spec.name,
                          keep_columns=keep_columns)

@@ -34,8 +34,8 @@ class CAPOConfig(*_METHOD_ARGS, GRPOConfig):
     Parameters:
         advantage_estimator (`str`, defaults to `"capo"`):
             `"capo"`: the pairwise, perplexity-aware advantage. `"grpo"`: TRL's own advantages, untouched.
-            The methods CAPO is compared with (`"dr_grpo"`, `"codapo"`, `"cde"`, `"c2gspg"`, `"simko"`,
-            `"rlcr"`, `"dcpo"`, `"scapo"`) are modules of `capo_trl.methods`, their fields in docs/baselines.md. A
+            The methods CAPO is compared with are the other names of `capo_trl.methods.METHODS` (the
+            registry), one module each of `capo_trl.methods`, their fields in docs/baselines.md. A
             method of your own is a `capo_trl.methods.Method` subclass named `"package.module:ClassName"`
             (or registered with `capo_trl.methods.register_method`); see docs/architecture.md.
         tau (`float`, defaults to `0.6`):
@@ -102,8 +102,8 @@ class CAPOConfig(*_METHOD_ARGS, GRPOConfig):
     advantage_estimator: str = field(
         default="capo",
         metadata={"help": "The method: 'capo' (pairwise perplexity-aware), 'grpo' (TRL's advantages, untouched), a "
-                  "baseline (dr_grpo, codapo, cde, c2gspg, simko, rlcr, dcpo, scapo), or your own Method subclass as "
-                  "'package.module:ClassName'."},
+                  f"baseline ({', '.join(m.name for m in BUILTIN if m.name not in ('capo', 'grpo'))}), or your own "
+                  "Method subclass as 'package.module:ClassName'."},
     )
     noise_mask: bool | None = field(
         default=None,
