@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
+from capo_trl.harness.paired import paired_interval
+
 ARMS = {"grpo": "A grpo", "capo-mask:advantage_scale=matched:tau=0.5": "B capo-mask (matched, tau 0.5)",
         "capo-paper": "C capo-paper", "capo:advantage_scale=matched:tau=0.5": "D capo, no mask"}
 ENDPOINTS = ("auroc_question", "accuracy", "auroc", "ece")
@@ -37,11 +39,10 @@ def paired(runs, b, a, key):
     n = diff.size
     out = {"n": n, "mean": float(diff.mean()) if n else math.nan, "seeds": seeds, "diffs": diff.tolist()}
     if n >= 2:
-        se = diff.std(ddof=1) / math.sqrt(n)
-        t = stats.t.ppf(0.975, n - 1)
+        _, t_low, t_high = paired_interval(diff)
         rng = np.random.default_rng(0)
         boot = rng.choice(diff, size=(10000, n)).mean(axis=1)
-        out.update(sd=float(diff.std(ddof=1)), t_low=float(diff.mean() - t * se), t_high=float(diff.mean() + t * se),
+        out.update(sd=float(diff.std(ddof=1)), t_low=t_low, t_high=t_high,
                    boot_low=float(np.percentile(boot, 2.5)), boot_high=float(np.percentile(boot, 97.5)),
                    wilcoxon_p=float(stats.wilcoxon(diff).pvalue) if np.any(diff != 0) else 1.0)
     return out

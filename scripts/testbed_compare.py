@@ -32,6 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 from testbed_pilot import record, verdict  # noqa: E402
 
+from capo_trl.harness.paired import paired_interval  # noqa: E402
+
 TARGET_PRECISION, CONFIDENCE = 0.8, 0.95  # abstention: pre-registered in protocol-4.md
 SECONDARY = ("accuracy", "e_aurc", "ece", "auroc_question", "coverage@0.8", "guessable/modal_share",
              "guessable/mean_score", "derivable/mean_score", "mean_tokens")
@@ -121,17 +123,6 @@ def run_start(task_name: str, test_problems: int, out: str) -> None:
     path.write_text(json.dumps(evaluation_record(result, task, budget), indent=2) + "\n")
 
 
-def t_interval(diffs: list[float]) -> tuple[float, float, float]:
-    """Mean and two-sided 95% t interval of paired differences (NaN bounds with fewer than 2)."""
-    from scipy import stats
-
-    d = np.asarray(diffs, dtype=float)
-    if d.size < 2:
-        return float(d.mean()) if d.size else math.nan, math.nan, math.nan
-    half = stats.t.ppf(0.975, d.size - 1) * d.std(ddof=1) / math.sqrt(d.size)
-    return float(d.mean()), float(d.mean() - half), float(d.mean() + half)
-
-
 def summarise(out: Path) -> dict:
     """Everything the report says, from the files under ``out`` only."""
     config = json.loads((out / "config.json").read_text())
@@ -148,7 +139,7 @@ def summarise(out: Path) -> dict:
         paired[m] = {}
         for k in ("auroc", "accuracy", "e_aurc", "ece", "auroc_question", "coverage@0.8"):
             diffs = [runs_[m][s][k] - runs_[ref][s][k] for s in complete]
-            mean, low, high = t_interval(diffs)
+            mean, low, high = paired_interval(diffs)
             paired[m][k] = {"mean": mean, "low": low, "high": high, "per_seed": diffs}
     pilot = verdict(start, {s: runs_[ref][s] for s in config["pilot_seeds"] if s in runs_[ref]})
     everyone = verdict(start, {s: runs_[ref][s] for s in complete})

@@ -3,6 +3,7 @@
 ``config``, ``data``, ``evaluation``) imports it.
 
 - :mod:`~capo_trl.harness.presets`: the method presets, the budget, their checks.
+- :mod:`~capo_trl.harness.paired`: the paired interval of two methods over the same seeds.
 - :mod:`~capo_trl.harness.runs`: one run (train one method with one seed) and the test evaluation.
 - :mod:`~capo_trl.harness.compare`: several methods and seeds, saved per run, resumed, reported.
 - :mod:`~capo_trl.harness.demo`: one method, before and after.
