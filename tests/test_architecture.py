@@ -96,7 +96,7 @@ def in_layers(path: str) -> bool:
 
 # ------------------------------------------------------------------------------------ the tests
 def test_the_table_reads_as_expected():
-    assert len(LAYERS) >= 10 and LAYERS[0][0] == "errors.py" and LAYERS[-1][0] == "cli/"
+    assert len(LAYERS) >= 10 and LAYERS[0][0] == "errors.py" and LAYERS[-1][0] == "testing/"
 
 
 def test_the_table_names_every_module_and_no_other():
@@ -146,7 +146,7 @@ def test_no_cycle():
             visit(module, [module])
 
 
-@pytest.mark.parametrize("module", ["advantages.py", "evaluation/calibration.py"])
+@pytest.mark.parametrize("module", ["cache.py", "advantages.py", "evaluation/calibration.py"])
 def test_pure_math_imports_nothing_of_the_package(module):
     assert GRAPH[module] == []
 
@@ -205,3 +205,27 @@ def test_the_trainer_calls_only_what_method_state_declares():
     used = called_on("_method_state")
     assert {"next_batch", "observe", "state_dict", "load_state_dict", "reshard"} <= used
     assert used <= declared(MethodState), sorted(used - declared(MethodState))
+
+
+# ------------------------------------------------------------------------------------ one source per fact
+def test_the_baselines_table_names_every_registered_method_and_its_fields():
+    """docs/baselines.md's table: one row per registered method but CAPO, each naming its method's fields."""
+    from dataclasses import fields
+
+    from capo_trl.methods import METHODS
+
+    table = (ROOT / "docs" / "baselines.md").read_text().split("| method | `advantage_estimator`", 1)[1]
+    rows = [line for line in table.split("\n\n", 1)[0].splitlines()[2:] if line.startswith("|")]
+    named = {re.match(r'\| [^|]+\| `"(\w+)"`', row)[1]: row for row in rows}
+    assert set(named) == set(METHODS) - {"capo"}
+    for name, row in named.items():
+        args = METHODS[name].Args
+        missing = [f.name for f in fields(args) if f"`{f.name}`" not in row] if args else []
+        assert not missing, f"docs/baselines.md's row of {name!r} does not name {missing}"
+
+
+def test_the_readme_lists_the_registered_baselines():
+    from capo_trl.methods import METHODS
+
+    listed = re.search(r"Baseline methods \(([^;)]*)", (ROOT / "README.md").read_text())[1]
+    assert re.findall(r"`(\w+)`", listed) == [m for m in METHODS if m not in ("grpo", "capo")]

@@ -50,92 +50,119 @@ def grade_codes(predictions: list, golds: list, book: GoldBook, verdicts: Verdic
     """
     if len(predictions) != len(golds):
         raise ValueError(f"got {len(predictions)} predictions but {len(golds)} gold answers")
-    n = len(predictions)
-    codes: list[int | None] = [None] * n
-    extracted: list[str | None] = [None] * n
-    work: dict[tuple[str, ...], _GoldWork] = {}
-    for i, (pred, gold) in enumerate(zip(predictions, golds)):
-        key = _gold_key(gold)
-        bad, good = book.known(key)
-        prepared, reason = book.prepared(key) if not bad else ((), None)
-        if bad or not prepared:
-            codes[i] = GOLD_BAD
-            if not bad:
-                book.mark(key, gold, reason)
-            continue
-        w = work.get(key)
-        if w is None:
-            w = work[key] = _GoldWork(key, gold, prepared, good, verdicts)
-        w.add(i, prepared_text(pred if isinstance(pred, str) else as_text(pred)))
+    call = _Call(book, verdicts)
+    codes = call.group(predictions, golds)
+    call.plan()
+    run(_chunk_task, call.arglists, call.held, call.on_done, extra=_chunk_extra, size=len(predictions))
+    return call.collect(codes)
 
-    tasks: list[tuple[_GoldWork, list]] = []  # task index -> (its gold, the answer keys it grades)
-    arglists, held = [], []
 
-    def task(w: _GoldWork, qkeys: list, hold: bool) -> tuple[tuple, bool]:
-        tasks.append((w, qkeys))
+def _chunk_extra(args) -> float:
+    """A chunk of several answers may start them for ``_CHUNK_BUDGET`` s: its deadline has that much more."""
+    return _CHUNK_BUDGET if len(args[0]) > 1 else 0.0
+
+
+class _Call:
+    """One call's state: its golds' work, the worker tasks (each with its gold and answer keys), and
+    what to do when a task finishes (settle verdicts, release held tasks, retry one per task)."""
+
+    def __init__(self, book: GoldBook, verdicts: Verdicts | None):
+        self.book, self.verdicts = book, verdicts
+        self.work: dict[tuple[str, ...], _GoldWork] = {}
+        self.tasks: list[tuple[_GoldWork, list]] = []  # task index -> (its gold, the answer keys it grades)
+        self.arglists: list = []
+        self.held: list[int] = []
+
+    def group(self, predictions: list, golds: list) -> list[int | None]:
+        """Each completion into its gold's work; the codes known already (an unusable gold)."""
+        codes: list[int | None] = [None] * len(predictions)
+        for i, (pred, gold) in enumerate(zip(predictions, golds)):
+            key = _gold_key(gold)
+            bad, good = self.book.known(key)
+            prepared, reason = self.book.prepared(key) if not bad else ((), None)
+            if bad or not prepared:
+                codes[i] = GOLD_BAD
+                if not bad:
+                    self.book.mark(key, gold, reason)
+                continue
+            w = self.work.get(key)
+            if w is None:
+                w = self.work[key] = _GoldWork(key, gold, prepared, good, self.verdicts)
+            w.add(i, prepared_text(pred if isinstance(pred, str) else as_text(pred)))
+        return codes
+
+    def task(self, w: _GoldWork, qkeys: list) -> tuple:
+        self.tasks.append((w, qkeys))
         texts = tuple("" if q is None else w.texts[q] for q in qkeys)
-        return (texts, w.prepared, _CHUNK_BUDGET), hold
+        return texts, w.prepared, _CHUNK_BUDGET
 
-    for w in work.values():
-        slow = w.slow()
-        if not w.good and not slow and w.waiting:
-            slow = [None]  # only shortcut verdicts: a gold-only check decides whether they stand
-        for c in range(0, len(slow), _CHUNK):
-            hold = not w.good and c > 0
-            if not w.good and c == 0:
-                w.probe = len(tasks)
-            args, hold = task(w, slow[c : c + _CHUNK], hold)
-            if hold:
-                w.held.append(len(tasks) - 1)
-                held.append(len(tasks) - 1)
-            arglists.append(args)
+    def plan(self) -> None:
+        """The first round of tasks: chunks of each gold's slow answers; a gold not known good probes first."""
+        for w in self.work.values():
+            slow = w.slow()
+            if not w.good and not slow and w.waiting:
+                slow = [None]  # only shortcut verdicts: a gold-only check decides whether they stand
+            for c in range(0, len(slow), _CHUNK):
+                hold = not w.good and c > 0
+                if not w.good and c == 0:
+                    w.probe = len(self.tasks)
+                args = self.task(w, slow[c : c + _CHUNK])
+                if hold:
+                    w.held.append(len(self.tasks) - 1)
+                    self.held.append(len(self.tasks) - 1)
+                self.arglists.append(args)
 
-    def add(batch: _Batch, w: _GoldWork, qkeys: list) -> int:
-        args, _ = task(w, qkeys, False)
-        return batch.add(args)
+    def add(self, batch: _Batch, w: _GoldWork, qkeys: list) -> int:
+        return batch.add(self.task(w, qkeys))
 
-    def gold_good(batch: _Batch, w: _GoldWork) -> None:
+    def gold_good(self, batch: _Batch, w: _GoldWork) -> None:
         if not w.good:
             w.good = True
-            book.mark(w.key, w.gold, None)
+            self.book.mark(w.key, w.gold, None)
         w.settle_waiting()
         for j in w.held:
             batch.submit(j)
         for q in w.after_check:
-            add(batch, w, [q])
+            self.add(batch, w, [q])
         w.held, w.after_check = [], []
 
-    def gold_bad(batch: _Batch, w: _GoldWork, why: str) -> None:
-        book.mark(w.key, w.gold, why)
+    def gold_bad(self, batch: _Batch, w: _GoldWork, why: str) -> None:
+        self.book.mark(w.key, w.gold, why)
         w.settle_all(GOLD_BAD)
         for j in w.held:
             batch.finish(j, GOLD_BAD)
         w.held, w.after_check = [], []
 
-    def on_done(batch: _Batch, j: int, res) -> None:
-        w, qkeys = tasks[j]
-        is_probe = w.probe == j
+    def on_done(self, batch: _Batch, j: int, res) -> None:
+        """Task ``j`` finished: verdicts per answer (a tuple), or one code for the whole task."""
+        w, qkeys = self.tasks[j]
         if isinstance(res, tuple):
-            first = res[0]
-            if isinstance(first, tuple) and first[0] in (GOLD_BAD, GOLD_TIMEOUT):
-                if is_probe:
-                    return gold_bad(batch, w, "math-verify cannot parse it" if first[0] == GOLD_BAD
-                                    else "its parse timed out")
-                return w.settle_each(qkeys, TIMED_OUT)  # parsed elsewhere; this worker ran late
-            rest = [q for q, r in zip(qkeys, res) if r is None]
-            for q, r in zip(qkeys, res):
-                if r is not None and q is not None:
-                    w.settle(q, r)
+            self.graded(batch, w, qkeys, res, w.probe == j)
+        else:
+            self.failed(batch, w, qkeys, res, w.probe == j)
+
+    def graded(self, batch: _Batch, w: _GoldWork, qkeys: list, res: tuple, is_probe: bool) -> None:
+        first = res[0]
+        if isinstance(first, tuple) and first[0] in (GOLD_BAD, GOLD_TIMEOUT):
             if is_probe:
-                gold_good(batch, w)
-            if rest:
-                add(batch, w, rest)
-            return
+                return self.gold_bad(batch, w, "math-verify cannot parse it" if first[0] == GOLD_BAD
+                                     else "its parse timed out")
+            return w.settle_each(qkeys, TIMED_OUT)  # parsed elsewhere; this worker ran late
+        rest = [q for q, r in zip(qkeys, res) if r is None]
+        for q, r in zip(qkeys, res):
+            if r is not None and q is not None:
+                w.settle(q, r)
+        if is_probe:
+            self.gold_good(batch, w)
+        if rest:
+            self.add(batch, w, rest)
+
+    def failed(self, batch: _Batch, w: _GoldWork, qkeys: list, res: int, is_probe: bool) -> None:
         if res == GOLD_BAD:  # a held task of a gold its probe found unparseable
             return
         if qkeys == [None]:  # the gold-only check itself failed
             if res == KILLED:
-                return gold_bad(batch, w, "its parse timed out")
+                return self.gold_bad(batch, w, "its parse timed out")
             w.settle_all(res)
             for k in w.held:
                 batch.finish(k, res)
@@ -147,27 +174,26 @@ def grade_codes(predictions: list, golds: list, book: GoldBook, verdicts: Verdic
                 w.settle_each(answers, TIMED_OUT if res == KILLED else res)  # stands if the gold parses
             else:
                 w.after_check += answers
-            w.probe = add(batch, w, [None])
+            w.probe = self.add(batch, w, [None])
         elif len(answers) > 1:  # one of them hung or took its worker down: one per task now
             for q in answers:
-                add(batch, w, [q])
+                self.add(batch, w, [q])
         else:
             w.settle_each(answers, TIMED_OUT if res == KILLED else res)
 
-    def extra(args) -> float:  # a chunk of several answers may start them for _CHUNK_BUDGET s
-        return _CHUNK_BUDGET if len(args[0]) > 1 else 0.0
-
-    run(_chunk_task, arglists, held, on_done, extra=extra, size=n)
-    for w in work.values():
-        for code_ext, items in w.results():
-            for i in items:
-                codes[i], extracted[i] = code_ext
-    counts = dict.fromkeys(("fast_path", "cached", "deduplicated"), 0)
-    for w in work.values():
-        for k, v in w.counts.items():
-            counts[k] += v
-    counts["worker_tasks"] = len(tasks)
-    return codes, extracted, counts
+    def collect(self, codes: list[int | None]):
+        """(codes, extracted answers, counters) once the tasks have run."""
+        extracted: list[str | None] = [None] * len(codes)
+        for w in self.work.values():
+            for code_ext, items in w.results():
+                for i in items:
+                    codes[i], extracted[i] = code_ext
+        counts = dict.fromkeys(("fast_path", "cached", "deduplicated"), 0)
+        for w in self.work.values():
+            for k, v in w.counts.items():
+                counts[k] += v
+        counts["worker_tasks"] = len(self.tasks)
+        return codes, extracted, counts
 
 
 class _GoldWork:

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
-
+from ..cache import LRU
 from .normalize import _balanced, _gold_latex
 
 logger = logging.getLogger("capo_trl.grader")
@@ -33,13 +32,6 @@ class _Locked:
         self._lock = threading.Lock()
 
 
-def _put(table: OrderedDict, key, value, size: int) -> None:
-    table[key] = value
-    table.move_to_end(key)
-    while len(table) > size:
-        table.popitem(last=False)
-
-
 class GoldBook(_Locked):
     """Gold answers seen so far. A bad gold gets one warning, is remembered and never sent to a worker
     again; a good one (parsed once) needs no probe in later calls."""
@@ -47,9 +39,9 @@ class GoldBook(_Locked):
     def __init__(self, max_gold_chars: int | None):
         super().__init__()
         self.max_gold_chars = max_gold_chars
-        self._prepared: OrderedDict[tuple[str, ...], tuple[tuple[str, ...], str | None]] = OrderedDict()
-        self._bad: OrderedDict[tuple[str, ...], None] = OrderedDict()
-        self._good: OrderedDict[tuple[str, ...], None] = OrderedDict()
+        self._prepared = LRU(_PREPARED_SIZE)  # gold key -> (prepared alternatives, reason none is usable)
+        self._bad = LRU(_KNOWN_SIZE)  # gold keys (values None)
+        self._good = LRU(_KNOWN_SIZE)
 
     def known(self, key: tuple[str, ...]) -> tuple[bool, bool]:
         """(known bad, known good)."""
@@ -61,7 +53,6 @@ class GoldBook(_Locked):
         with self._lock:
             hit = self._prepared.get(key)
             if hit is not None:
-                self._prepared.move_to_end(key)
                 return hit
         prepared, reason = [], None if key else "empty"
         for g in key:
@@ -75,7 +66,7 @@ class GoldBook(_Locked):
             prepared.append(latex)
         hit = (tuple(prepared), None if prepared else reason)
         with self._lock:
-            _put(self._prepared, key, hit, _PREPARED_SIZE)
+            self._prepared.put(key, hit)
         return hit
 
     def mark(self, key: tuple[str, ...], gold, reason: str | None) -> None:
@@ -83,7 +74,7 @@ class GoldBook(_Locked):
         with self._lock:
             table = self._good if reason is None else self._bad
             new = key not in table
-            _put(table, key, None, _KNOWN_SIZE)
+            table.put(key, None)
             if reason is not None:
                 self._good.pop(key, None)
         if new and reason is not None:
@@ -97,19 +88,16 @@ class Verdicts(_Locked):
     def __init__(self, size: int):
         super().__init__()
         self.size = size
-        self._table: OrderedDict = OrderedDict()
+        self._table = LRU(size)
 
     def get(self, key):
         with self._lock:
-            hit = self._table.get(key)
-            if hit is not None:
-                self._table.move_to_end(key)
-            return hit
+            return self._table.get(key)
 
     def put(self, key, value) -> None:
         if self.size:
             with self._lock:
-                _put(self._table, key, value, self.size)
+                self._table.put(key, value)
 
     def __len__(self) -> int:
         return len(self._table)

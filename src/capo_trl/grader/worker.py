@@ -9,8 +9,8 @@ import logging
 import os
 import signal
 import time
-from collections import OrderedDict
 
+from ..cache import LRU
 from .normalize import _canon, _gold_latex, prepared_text
 
 # Result codes sent back by workers (plain ints: nothing sympy ever crosses the process boundary).
@@ -25,7 +25,7 @@ _CHUNK_BUDGET = 1.0  # seconds after which a chunk starts no further answer (the
 
 
 _CFG: tuple | None = None
-_GOLD_CACHE: OrderedDict[tuple[str, int], list] = OrderedDict()
+_GOLD_CACHE = LRU(2048)  # (gold LaTeX, timeout) -> its parse, in this worker
 
 
 def _configs():
@@ -152,13 +152,10 @@ def _parse_gold(latex: str, timeout: int) -> tuple[list, bool]:
     key = (latex, timeout)
     hit = _GOLD_CACHE.get(key)
     if hit is not None:
-        _GOLD_CACHE.move_to_end(key)
         return hit, False
     res, timed_out = _parse(latex, _configs()[0], timeout)
     if res and isinstance(res[-1], str) and _canon(res[-1]):
-        _GOLD_CACHE[key] = res
-        if len(_GOLD_CACHE) > 2048:
-            _GOLD_CACHE.popitem(last=False)
+        _GOLD_CACHE.put(key, res)
         return res, False
     return [], timed_out
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from collections import OrderedDict
 
 import torch
 from trl.models import prepare_deepspeed, prepare_fsdp
@@ -20,6 +19,8 @@ from trl.trainer.utils import (
     create_model_from_path,
     disable_dropout_in_model,
 )
+
+from ..cache import LRU
 
 
 def sequence_keys(prompt_ids, prompt_mask, completion_ids, loss_mask) -> list[bytes]:
@@ -49,7 +50,7 @@ class ReferenceScoreCache:
         if max_size < 0:
             raise ValueError(f"max_size must be >= 0, got {max_size}.")
         self.max_size = max_size
-        self._data: OrderedDict[bytes, float] = OrderedDict()
+        self._data = LRU(max_size)  # sequence key -> reference score
         self.hits = 0
         self.lookups = 0
 
@@ -62,17 +63,11 @@ class ReferenceScoreCache:
         value = self._data.get(key)
         if value is not None:
             self.hits += 1
-            self._data.move_to_end(key)
         return value
 
     def put(self, key: bytes, value: float) -> None:
         """Store a score, evicting the least recently used entries beyond ``max_size``."""
-        if self.max_size == 0:
-            return
-        self._data[key] = value
-        self._data.move_to_end(key)
-        while len(self._data) > self.max_size:
-            self._data.popitem(last=False)
+        self._data.put(key, value)
 
     def clear(self) -> None:
         """Forget every score: required whenever the reference model changes."""
