@@ -18,7 +18,8 @@ from capo_trl.testing.tiny import tiny_dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from capo_trl.data.benchmarks import load_benchmark, qwen_math_prompt
-from capo_trl.evaluation.evaluate import compute_metrics, default_ks, evaluate
+from capo_trl.evaluation.evaluate import default_ks, evaluate
+from capo_trl.evaluation.metrics import compute_metrics
 from capo_trl.evaluation.sampling import _prompt_ids, _sample_transformers
 from capo_trl.rewards import MathReward
 

@@ -119,9 +119,8 @@ def test_pretrain_tiny_has_a_guess_task_with_its_own_tokenizer_and_package_direc
 
 
 def test_the_pilot_applies_the_pre_registered_criterion():
-    spec = importlib.util.spec_from_file_location("testbed_pilot", ROOT / "scripts" / "testbed_pilot.py")
-    pilot = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pilot)
+    from capo_trl.harness import pilot
+
     start = {"accuracy": 0.40, "auroc": 0.90, "auroc_question": 0.75, "ece": 0.50, "e_aurc": 0.040}
     degraded = {"accuracy": 0.42, "auroc": 0.87, "auroc_question": 0.76, "ece": 0.45, "e_aurc": 0.050}
     result = pilot.verdict(start, {0: degraded, 1: {**degraded, "e_aurc": 0.0499}})

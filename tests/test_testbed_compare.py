@@ -1,11 +1,9 @@
-"""scripts/testbed_compare.py: the paired analysis of the pre-registered comparison, and the mask tally of a real run."""
+"""capo_trl.harness.testbed: the paired analysis of the pre-registered comparison, and the mask tally of a real run."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -16,11 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def script():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    spec = importlib.util.spec_from_file_location("testbed_compare", ROOT / "scripts" / "testbed_compare.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from capo_trl.harness import testbed
+
+    return testbed
 
 
 def _record(script, auroc, accuracy, mask=None, e_aurc=0.10):

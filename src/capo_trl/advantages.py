@@ -72,12 +72,8 @@ def capo_advantages(
     Returns:
         ``(N,)`` float tensor, zero for unscorable rows and for groups whose rewards all tie.
     """
-    if normalization not in NORMALIZATIONS:
-        raise ValueError(f"normalization={normalization!r}; expected one of {NORMALIZATIONS}.")
-    if surrogate not in SURROGATES:
-        raise ValueError(f"surrogate={surrogate!r}; expected one of {SURROGATES}.")
-    if scale not in SCALES:
-        raise ValueError(f"scale={scale!r}; expected one of {SCALES}.")
+    _check_options(normalization=(normalization, NORMALIZATIONS), surrogate=(surrogate, SURROGATES),
+                   scale=(scale, SCALES))
     R = _grouped(rewards.float(), num_generations, "rewards")
     s = _grouped(scores.to(R.device, torch.float32), num_generations, "scores")
     valid = torch.isfinite(R) & torch.isfinite(s)
@@ -85,21 +81,30 @@ def capo_advantages(
     s = torch.where(valid, s, 0.0)
     pair_valid = valid[:, :, None] & valid[:, None, :]
     W = torch.relu(R[:, :, None] - R[:, None, :]) * pair_valid  # w_ab, (groups, G, G)
-    if surrogate == "logistic":
-        tau_t = torch.as_tensor(tau, dtype=torch.float32, device=R.device)
-        if bool((tau_t <= 0).any()) or not bool(torch.isfinite(tau_t).all()):
-            raise ValueError(f"tau must be finite and > 0, got {tau}.")
-        tau_t = tau_t.reshape(-1, 1, 1) if tau_t.dim() else tau_t
-        D = s[:, :, None] - s[:, None, :]  # s_a - s_b
-        M = W * torch.sigmoid(-D / tau_t) * (1.0 / tau_t if scale == "paper" else 2.0)
-    else:
-        M = W
+    M = _pair_gradients(W, s, tau, scale) if surrogate == "logistic" else W
     adv = M.sum(dim=2) - M.sum(dim=1)
     if normalization == "group":
         adv = adv / valid.sum(dim=1, keepdim=True).clamp(min=1)
     elif normalization == "pairs":
         adv = adv / (W > 0).sum(dim=(1, 2)).clamp(min=1).unsqueeze(1)
     return torch.where(valid, adv, 0.0).reshape(-1)
+
+
+def _check_options(**options: tuple[str, tuple[str, ...]]) -> None:
+    """Each ``name=(value, allowed)`` must have its value among the allowed ones."""
+    for name, (value, allowed) in options.items():
+        if value not in allowed:
+            raise ValueError(f"{name}={value!r}; expected one of {allowed}.")
+
+
+def _pair_gradients(W: torch.Tensor, s: torch.Tensor, tau, scale: str) -> torch.Tensor:
+    """``M_ab = w_ab sigma((s_b - s_a) / tau)`` times ``1/tau`` (``scale="paper"``) or 2 (bounded)."""
+    tau_t = torch.as_tensor(tau, dtype=torch.float32, device=W.device)
+    if bool((tau_t <= 0).any()) or not bool(torch.isfinite(tau_t).all()):
+        raise ValueError(f"tau must be finite and > 0, got {tau}.")
+    tau_t = tau_t.reshape(-1, 1, 1) if tau_t.dim() else tau_t
+    D = s[:, :, None] - s[:, None, :]  # s_a - s_b
+    return W * torch.sigmoid(-D / tau_t) * (1.0 / tau_t if scale == "paper" else 2.0)
 
 
 def within_group_std(rewards: torch.Tensor, scores: torch.Tensor, num_generations: int) -> torch.Tensor:

@@ -30,13 +30,7 @@ from .sampling import (
     _sample_vllm,
     _seeded,
 )
-from .scaling import (
-    best_of_n,
-    cluster_answers,
-    majority_vote,
-    perplexity_consistency,
-    reasoning_pruned_consistency,
-)
+from .metrics import reliability_curve, compute_metrics
 
 __all__ = ["EvalResult", "evaluate", "check_settings", "default_ks", "compute_metrics"]
 
@@ -222,11 +216,7 @@ def evaluate(model, tokenizer, problems, n: int = 16, *, ks: list[int] | None = 
     """
     from . import confidence as conf
 
-    if calibration not in conf.METHODS:
-        raise UsageError(f"calibration must be one of {', '.join(conf.METHODS)}, got {calibration!r}.")
-    if target_precision is not None and (calibrate_on is None or not 0 < target_precision < 1):
-        raise UsageError("target_precision needs calibrate_on (the threshold is chosen there) and a value in (0, 1); "
-                         f"got {target_precision!r}.")
+    _check_calibration(calibration, target_precision, calibrate_on)
     ks = check_settings(n=n, ks=ks, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
                         batch_size=batch_size, backend=backend)
     rows = _as_problems(problems)
@@ -247,21 +237,9 @@ def evaluate(model, tokenizer, problems, n: int = 16, *, ks: list[int] | None = 
         grader = default_grader()
 
     def draw(part, part_seed):
-        if backend == "vllm":
-            drawn = _sample_vllm(path, _prompt_ids(tokenizer, [r["prompt"] for r in part]), n, temperature, top_p,
-                                 top_k, max_new_tokens, part_seed)
-        else:
-            prompt_ids = _prompt_ids(tokenizer, [r["prompt"] for r in part])
-            was_training = model.training
-            model.eval()
-            try:
-                with _seeded(part_seed, next(model.parameters()).device), torch.no_grad():
-                    drawn = _sample_transformers(model, tokenizer, prompt_ids, n, temperature, top_p, top_k,
-                                                 max_new_tokens, batch_size, progress)
-            finally:
-                model.train(was_training)
-        texts = tokenizer.batch_decode([ids for ids, _ in drawn], skip_special_tokens=True)
-        return _grade(drawn, texts, part, n, set(_eos_ids(model, tokenizer)), grader, progress)
+        return _draw(model, tokenizer, path, part, part_seed, grader, n=n, temperature=temperature, top_p=top_p,
+                     top_k=top_k, max_new_tokens=max_new_tokens, batch_size=batch_size, backend=backend,
+                     progress=progress)
 
     samples = draw(rows, seed)
     metrics, per_problem, curves = compute_metrics(samples, n, ks, grader.equivalent, n_bins=n_bins,
@@ -271,6 +249,36 @@ def evaluate(model, tokenizer, problems, n: int = 16, *, ks: list[int] | None = 
         recalibrate(result, draw(cal_rows, None if seed is None else seed + 1), calibration, target_precision,
                     selective_confidence, n_bins)
     return result
+
+
+def _check_calibration(calibration: str, target_precision: float | None, calibrate_on) -> None:
+    from . import confidence as conf
+
+    if calibration not in conf.METHODS:
+        raise UsageError(f"calibration must be one of {', '.join(conf.METHODS)}, got {calibration!r}.")
+    if target_precision is not None and (calibrate_on is None or not 0 < target_precision < 1):
+        raise UsageError("target_precision needs calibrate_on (the threshold is chosen there) and a value in (0, 1); "
+                         f"got {target_precision!r}.")
+
+
+def _draw(model, tokenizer, path, part, part_seed, grader, *, n, temperature, top_p, top_k, max_new_tokens,
+          batch_size, backend, progress) -> list[dict]:
+    """``n`` graded samples per problem of ``part`` (seeded by ``part_seed``), by vLLM or transformers."""
+    if backend == "vllm":
+        drawn = _sample_vllm(path, _prompt_ids(tokenizer, [r["prompt"] for r in part]), n, temperature, top_p,
+                             top_k, max_new_tokens, part_seed)
+    else:
+        prompt_ids = _prompt_ids(tokenizer, [r["prompt"] for r in part])
+        was_training = model.training
+        model.eval()
+        try:
+            with _seeded(part_seed, next(model.parameters()).device), torch.no_grad():
+                drawn = _sample_transformers(model, tokenizer, prompt_ids, n, temperature, top_p, top_k,
+                                             max_new_tokens, batch_size, progress)
+        finally:
+            model.train(was_training)
+    texts = tokenizer.batch_decode([ids for ids, _ in drawn], skip_special_tokens=True)
+    return _grade(drawn, texts, part, n, set(_eos_ids(model, tokenizer)), grader, progress)
 
 
 def _prompt_key(row: dict) -> str:
@@ -302,7 +310,7 @@ def recalibrate(result: EvalResult, calibration_samples: list[dict], method: str
     m = result.metrics
     m["ece_calibrated"], m["brier_calibrated"] = cal.ece(p, y, n_bins=n_bins), cal.brier(p, y)
     m["mean_probability"] = float(p.mean()) if p.size else float("nan")
-    result.curves["reliability_calibrated"] = _reliability_curve(p, y, n_bins)
+    result.curves["reliability_calibrated"] = reliability_curve(p, y, n_bins)
     if calibrator.selective is not None:
         sel = calibrator.selective
         report = conf.selective_report(sel.threshold, [r["score"] for r in usable], y, confidence,
@@ -333,84 +341,3 @@ def _grade(drawn, texts, rows, n, eos, grader, progress) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------------ metrics
-def compute_metrics(samples: list[dict], n: int, ks: list[int], equivalent, n_bins: int = 10,
-                    bootstrap: int = 1000, seed: int = 0, progress: bool = False):
-    """Accuracy, scaling and calibration metrics from per-sample records (problem-major, n each).
-
-    Problems with an ungraded sample (gold the grader cannot parse) are left out of every metric
-    and counted in ``n_problems_ungraded``. maj@k votes over the first k draws. A voted answer
-    is right when the first completion that gave that exact answer string was graded right.
-    """
-    P = len(samples) // n
-    grades = np.array([np.nan if s["grade"] is None else s["grade"] for s in samples], dtype=float).reshape(P, n)
-    scores = np.array([s["score"] for s in samples], dtype=float).reshape(P, n)
-    graded = ~np.isnan(grades).any(axis=1)
-    G, S = grades[graded], scores[graded]
-    ids = [samples[p * n]["id"] for p in range(P)]
-    kept = [p for p in range(P) if graded[p]]
-    qids = [ids[p] for p in kept for _ in range(n)]
-    m: dict[str, float] = {"n_problems": P, "n_samples": len(samples), "n_problems_ungraded": int(P - graded.sum())}
-    c = G.sum(axis=1).astype(int)
-    per_frac = G.mean(axis=1) if len(G) else np.zeros(0)
-    m[f"mean@{n}"] = cal.mean_at_k(G) if len(G) else float("nan")
-    if bootstrap and len(G) > 1:
-        rng = np.random.default_rng(seed)
-        boots = per_frac[rng.integers(0, len(G), size=(bootstrap, len(G)))].mean(axis=1)
-        m[f"mean@{n}_ci_low"], m[f"mean@{n}_ci_high"] = (float(v) for v in np.percentile(boots, [2.5, 97.5]))
-    for k in ks:
-        m[f"pass@{k}"] = float(np.mean(cal.pass_at_k(np.full(len(c), n), c, k))) if len(c) else float("nan")
-    selectors = {f"maj@{k}": [] for k in ks} | {f"pc@{n}": [], f"rpc@{n}": [], f"bon@{n}": []}
-    per_problem = []
-    for p in tqdm(kept, desc="voting", disable=not progress):
-        rec = samples[p * n:(p + 1) * n]
-        answers, texts = [r["extracted"] for r in rec], [r["completion"] for r in rec]
-        clusters, _ = cluster_answers(answers, equivalent)
-        row = {"id": ids[p], "n_correct": int(grades[p].sum()), "n": n}
-        for k in ks:
-            right = _first_grade(answers[:k], grades[p])
-            selectors[f"maj@{k}"].append(majority_vote(answers[:k], clusters=clusters[:k]).credit(right))
-        right = _first_grade(answers, grades[p])
-        s = scores[p]
-        for name, res in ((f"pc@{n}", perplexity_consistency(answers, s, texts=texts, clusters=clusters)),
-                          (f"rpc@{n}", reasoning_pruned_consistency(answers, s, texts=texts, clusters=clusters)),
-                          (f"bon@{n}", best_of_n(answers, s, clusters=clusters))):
-            selectors[name].append(res.credit(right))
-            row[name.split("@")[0]] = res.answer
-        row["maj"] = majority_vote(answers, clusters=clusters).answer
-        per_problem.append(row)
-    m.update({k: float(np.mean(v)) if v else float("nan") for k, v in selectors.items()})
-    s_flat, y_flat = S.reshape(-1), G.reshape(-1)
-    p_flat = np.exp(s_flat)
-    m["auroc"] = cal.auroc(s_flat, y_flat)
-    m["auroc_question"], m["auroc_question_n"] = cal.auroc_per_question(s_flat, y_flat, qids)
-    m["auroc_draw"], m["auroc_draw_n"] = cal.auroc_per_draw(S, G) if len(G) else (float("nan"), 0)
-    m["ece"] = cal.ece(p_flat, y_flat, n_bins=n_bins)
-    m["brier"] = cal.brier(p_flat, y_flat)
-    m["aurc"], m["e_aurc"] = cal.aurc(s_flat, y_flat), cal.e_aurc(s_flat, y_flat)
-    m["mean_score"] = float(s_flat.mean()) if s_flat.size else float("nan")
-    m["mean_confidence"] = float(p_flat.mean()) if p_flat.size else float("nan")
-    m["mean_tokens"] = float(np.mean([r["num_tokens"] for r in samples]))
-    m["finished_frac"] = float(np.mean([r["finished"] for r in samples]))
-    m["answered_frac"] = float(np.mean([r["extracted"] is not None for r in samples]))
-    coverage, precision = cal.precision_coverage(s_flat, y_flat)
-    curves = {
-        "precision_coverage": {"coverage": coverage.tolist(), "precision": precision.tolist()},
-        "reliability": _reliability_curve(p_flat, y_flat, n_bins),
-    }
-    return m, per_problem, curves
-
-
-def _reliability_curve(p: np.ndarray, y: np.ndarray, n_bins: int) -> dict:
-    """Reliability bins of probabilities ``p`` against outcomes ``y``, as the JSON report stores them."""
-    bins = cal.reliability_bins(p, y, n_bins=n_bins)
-    return {"edges": bins.edges.tolist(), "count": bins.count.tolist(), "confidence": bins.confidence.tolist(),
-            "accuracy": bins.accuracy.tolist()}
-
-
-def _first_grade(answers: list, grades: np.ndarray):
-    """``is_correct(answer)`` = grade of the first completion that gave exactly that answer."""
-    first: dict[str, float] = {}
-    for a, g in zip(answers, grades):
-        if a is not None:
-            first.setdefault(a, g)
-    return lambda a: first.get(a, 0.0) == 1.0
