@@ -229,3 +229,11 @@ def test_the_readme_lists_the_registered_baselines():
 
     listed = re.search(r"Baseline methods \(([^;)]*)", (ROOT / "README.md").read_text())[1]
     assert re.findall(r"`(\w+)`", listed) == [m for m in METHODS if m not in ("grpo", "capo")]
+
+
+def test_the_config_docs_name_the_methods_that_honour_aggregation():
+    from capo_trl.methods import METHODS
+
+    text = (ROOT / "docs" / "config.md").read_text()
+    named = re.search(r"honoured by the methods\s+built on TRL's advantages \(([^;)]*)", text)[1]
+    assert set(re.findall(r"`(\w+)`", named)) == {m for m, cls in METHODS.items() if cls.honours_aggregation}

@@ -82,6 +82,16 @@ class MethodState(Protocol):
     """``(states of every old process, process_index, num_processes, local_size) -> this process's state``."""
 
 
+def _honours(cls: type) -> list[str]:
+    """Names of ``cls`` and its subclasses that honour ``multi_objective_aggregation`` (the classes say it)."""
+    own = [cls.name] if cls.name and cls.honours_aggregation else []
+    return own + [name for sub in cls.__subclasses__() for name in _honours(sub)]
+
+
+def _honouring() -> list[str]:
+    return sorted(set(_honours(Method)))
+
+
 class Method:
     """One way of turning a scored rollout batch into advantages (and, optionally, a loss).
 
@@ -120,7 +130,7 @@ class Method:
             raise ValueError(
                 f"CAPOConfig.multi_objective_aggregation={aggregation!r} is not honoured by advantage_estimator="
                 f"{self.name!r}: it computes its advantages from the weighted total reward. Use "
-                "'sum_then_normalize', or a method built on TRL's advantages (grpo, codapo, simko, scapo).")
+                f"'sum_then_normalize', or a method built on TRL's advantages ({', '.join(_honouring())}).")
         self.check(config)
 
     # ---------------------------------------------------------------------------- settings
