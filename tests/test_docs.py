@@ -23,6 +23,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 RECIPES = sorted((ROOT / "examples" / "recipes").glob("*.yaml"))
 TOP_DIRS = ("src/", "docs/", "examples/", "scripts/", "tests/", "benchmarks/")
 TINY_RECIPE = "examples/recipes/capo-arith-tiny-cpu.yaml"
+RESULTS = ROOT / "docs" / "results"
 
 
 def rel(path: Path) -> str:
@@ -127,15 +128,15 @@ def test_every_command_in_the_docs_parses(where, line, monkeypatch, capsys):
 # ------------------------------------------------------------------------------------ paths
 def mentioned_paths(path: Path, text: str) -> list[str]:
     """Repository paths in code spans or links (globs allowed); ``runs/`` and URLs are outputs / elsewhere."""
-    spans = re.findall(r"`([^`\s]+)`", text)
+    spans = re.findall(r"`([^`\s]+)`(?!\]\()", text)  # a link's label is checked as its link
     links = [m.split("#")[0] for m in re.findall(r"\]\(([^)\s]+)\)", text) if not m.startswith(("http", "#", "mailto"))]
     out = []
     for token in spans:
         token = token.rstrip(".,:;")
         if token.startswith(TOP_DIRS) and "=" not in token and "(" not in token:
             out.append(token)
-        elif path.parent.name == "results" and re.match(r"(main|variants|noise3?|long|powered|confidence)/", token):
-            out.append(str((path.parent / token).relative_to(ROOT)))
+        elif RESULTS in path.parents and path.name == "README.md" and re.fullmatch(r"[\w./-]+(/|\.(md|json|csv|png))", token):
+            out.append(str((path.parent / token).resolve().relative_to(ROOT)))  # relative to its results page
     for link in filter(None, links):
         out.append(str((path.parent / link).resolve().relative_to(ROOT)))
     return out
