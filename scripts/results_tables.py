@@ -333,25 +333,27 @@ def unrendered_tables(text: str) -> list[str]:
             and re.search(r"\d", line)]
 
 
-def main(argv: list[str]) -> int:
-    failed = False
-    for readme in PAGES:
-        text = readme.read_text()
-        new = render(text)
-        stray = unrendered_tables(text) if readme.parent.parent == RESULTS else []  # study pages hold results
-        name = readme.relative_to(ROOT)
-        if "--check" in argv:
-            if new != text:
-                import difflib
+def problems(write: bool = False) -> list[str]:
+    """What is stale (a unified diff per page) or unbacked (a table row outside a block); ``write`` re-renders."""
+    import difflib
 
-                sys.stdout.writelines(difflib.unified_diff(text.splitlines(True), new.splitlines(True), str(name),
-                                                           "rendered"))
-        else:
-            readme.write_text(new)
-        for line in stray:
-            print(f"{name}: table row with numbers but no rendering block: {line}")
-        failed = failed or bool(stray) or ("--check" in argv and new != text)
-    return int(failed)
+    found = []
+    for page in PAGES:
+        text, name = page.read_text(), str(page.relative_to(ROOT))
+        new = render(text)
+        if write:
+            page.write_text(new)
+        elif new != text:
+            found.append("".join(difflib.unified_diff(text.splitlines(True), new.splitlines(True), name, "rendered")))
+        if page.parent.parent == RESULTS:  # a study's page holds results: every table row of numbers is rendered
+            found += [f"{name}: table row with numbers but no rendering block: {line}" for line in unrendered_tables(text)]
+    return found
+
+
+def main(argv: list[str]) -> int:
+    found = problems(write="--check" not in argv)
+    print("\n".join(found))
+    return int(bool(found))
 
 
 if __name__ == "__main__":
