@@ -12,14 +12,16 @@ points, 1/60 for minutes from seconds). The check formats the cited value with t
 a number changed in the prose, in a file or in the citation fails. A number with three decimals or more is a
 measured value and must be cited; one with fewer (points, minutes, settings, rounded figures) is checked
 where a citation was written, and otherwise only held to what the prose said when it was cited. ``--cite``
-keeps every citation that still holds and searches the others (three decimals or more) among the page's
-rendered blocks, then its study's files, then the files of the studies it links; read what it prints,
-since a value can match by coincidence, and write the others by hand. Whole numbers are not cited.
+keeps every citation that still holds, searches one for each new number (three decimals or more) among the
+page's rendered blocks, then its study's files, then the files of the studies it links (read what it
+prints: a value can match by coincidence), and leaves a number that replaced another to be cited by hand.
+Whole numbers are not cited.
 """
 
 from __future__ import annotations
 
 import csv
+import difflib
 import functools
 import json
 import re
@@ -111,6 +113,9 @@ def check() -> list[str]:
                 was = f"cited as {entry[0]}" if entry else "not cited"
                 problems.append(f"docs/results/{name}: number {i + 1} of the prose is {written}, {was}; if a file says "
                                 f"so, re-cite with: python scripts/results_prose.py --cite")
+            elif entry[1] and "changed_from" in entry[1]:
+                problems.append(f"docs/results/{name}: {written} (number {i + 1}) replaced {entry[1]['changed_from']}; "
+                                f"cite the file that gives it by hand in {CITATIONS.name}, or fix the prose.")
             elif not holds(page, written, entry[1]):
                 problems.append(f"docs/results/{name}: {written} (number {i + 1}) is not what its citation "
                                 f"{json.dumps(entry[1])} gives ({value(page, entry[1]):.6g}); fix the prose.")
@@ -160,24 +165,28 @@ def candidates(page: Path):
 
 
 def cite() -> list[str]:
-    """Rewrite citations.json: keep what holds, search the rest; returns the numbers nothing gives."""
+    """Rewrite citations.json, aligning the numbers with the old ones: keep each citation that still holds,
+    search one for a new number, and mark a number that replaced another as ``changed_from`` (an error until
+    it is cited by hand, so a wrong number cannot be laundered through a coincidental match)."""
     old = json.loads(CITATIONS.read_text()) if CITATIONS.exists() else {}
     new, missing = {}, []
     for page in pages():
-        name, kept = str(page.relative_to(RESULTS)), {}
-        for written, source in old.get(name, []):
-            kept.setdefault(written, []).append(source)
-        entries = []
-        for written in numbers(page):
-            source = next((s for s in kept.get(written, []) if holds(page, written, s)), None)
-            if source is not None or (not result(written) and None in kept.get(written, [])):
-                kept[written].remove(source)
-            elif result(written):
-                source = next((s for s in candidates(page) if holds(page, written, s)), None)
-                print(f"docs/results/{name}: {written} <- {json.dumps(source)}")
-            if source is None and result(written):
-                missing.append(f"docs/results/{name}: {written}")
-            entries.append([written, source])
+        name, before, found, entries = str(page.relative_to(RESULTS)), old.get(str(page.relative_to(RESULTS)), []), \
+            numbers(page), []
+        matcher = difflib.SequenceMatcher(None, [w for w, _ in before], found, autojunk=False)
+        for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+            for k, written in enumerate(found[j1:j2]):
+                source = before[i1 + k][1] if tag == "equal" else None
+                if tag == "equal" and source is not None and not holds(page, written, source):
+                    source = None  # its file changed
+                if tag == "replace":
+                    source = {"changed_from": before[i1 + k][0] if i1 + k < i2 else None}
+                elif source is None and result(written):
+                    source = next((s for s in candidates(page) if holds(page, written, s)), None)
+                    print(f"docs/results/{name}: {written} <- {json.dumps(source)}")
+                if source is None and result(written) or source and "changed_from" in source:
+                    missing.append(f"docs/results/{name}: {written}")
+                entries.append([written, source])
         new[name] = entries
     CITATIONS.write_text(json.dumps(new, indent=1) + "\n")
     return missing
