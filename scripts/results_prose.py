@@ -34,7 +34,7 @@ RESULTS = ROOT / "docs" / "results"
 CITATIONS = RESULTS / "citations.json"
 NUMBER = re.compile(r"(?<![\w.])[-+]?\d+\.\d+(?![\w.])")
 BLOCK = re.compile(r"<!-- (table|text): ([\w-]+) \(rendered by scripts/results_tables\.py\) -->\n(.*?)<!-- end \1 -->",
-                   re.S)
+                   re.DOTALL)
 
 
 def pages() -> list[Path]:
@@ -43,8 +43,8 @@ def pages() -> list[Path]:
 
 def prose(text: str) -> str:
     """The page without its rendered blocks, code blocks, code spans, link targets and comments."""
-    for pattern in (BLOCK, re.compile(r"```.*?```", re.S), re.compile(r"`[^`]*`"), re.compile(r"\]\([^)]*\)"),
-                    re.compile(r"<!--.*?-->", re.S)):
+    for pattern in (BLOCK, re.compile(r"```.*?```", re.DOTALL), re.compile(r"`[^`]*`"), re.compile(r"\]\([^)]*\)"),
+                    re.compile(r"<!--.*?-->", re.DOTALL)):
         text = pattern.sub(" ", text)
     return text
 
@@ -58,7 +58,7 @@ def numbers(page: Path) -> list[str]:
     return NUMBER.findall(prose(page.read_text()))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load(path: str):
     """A result file (JSON, or a CSV's rows) or a page's text, read once per process."""
     if path.endswith(".csv"):

@@ -72,13 +72,14 @@ METHOD_HEADER = ["method", "accuracy", "pooled AUROC", "per-question AUROC", "EC
 
 
 def render_main() -> str:
-    body = [["start (no RL)", *from_summary("arithmetic-200-steps/grpo-capo/summary.json", "start (no RL)")],
-            ["grpo", *from_summary("arithmetic-200-steps/grpo-capo/summary.json", "grpo")],
-            ["capo (relative tau 1.0, bounded scale, no mask)", *from_summary("arithmetic-200-steps/grpo-capo/summary.json", "capo")],
+    grpo_capo = "arithmetic-200-steps/grpo-capo/summary.json"
+    variants = "arithmetic-200-steps/capo-variants/summary.json"
+    body = [["start (no RL)", *from_summary(grpo_capo, "start (no RL)")],
+            ["grpo", *from_summary(grpo_capo, "grpo")],
+            ["capo (relative tau 1.0, bounded scale, no mask)", *from_summary(grpo_capo, "capo")],
             ["capo (relative tau 0.5, matched scale, no mask)",
-             *from_summary("arithmetic-200-steps/capo-variants/summary.json", "capo:advantage_scale=matched:tau=0.5")],
-            ["capo-paper (tau 0.6 nats, 1/tau scale, mask 2.5 / 1.05)", *from_summary("arithmetic-200-steps/capo-variants/summary.json",
-                                                                                      "capo-paper")]]
+             *from_summary(variants, "capo:advantage_scale=matched:tau=0.5")],
+            ["capo-paper (tau 0.6 nats, 1/tau scale, mask 2.5 / 1.05)", *from_summary(variants, "capo-paper")]]
     return table(["method", "accuracy (mean@8)", *METHOD_HEADER[2:]], body)
 
 
@@ -102,7 +103,8 @@ def render_noise3() -> str:
 
 
 def render_long() -> str:
-    runs = {"GRPO": ("arithmetic-600-steps/grpo-seeds-0-1/final.csv", "arithmetic-600-steps/grpo-seed-2/final.csv", "grpo"),
+    runs = {"GRPO": ("arithmetic-600-steps/grpo-seeds-0-1/final.csv", "arithmetic-600-steps/grpo-seed-2/final.csv",
+                     "grpo"),
             "CAPO": ("arithmetic-600-steps/capo-seeds-0-1/final.csv", "arithmetic-600-steps/capo-seed-2/final.csv",
                      "capo:advantage_scale=matched:tau=0.5")}
     body = []
@@ -280,7 +282,8 @@ def render_testbed_words() -> str:
             f"noise mask) did not keep it better than GRPO: {_iv(p)} (95% t interval), no difference shown. CAPO "
             f"without the mask ended at {f['nomask_end']:.3f}, {_iv(n)} against GRPO (paired t p = {n['p']:.3f}), "
             f"and all {n['favour']} of {n['n']} seeds favoured it, but that is suggestive, not shown: it was one of "
-            f"{len(SECONDARY_ARMS)} secondary comparisons with no correction (Holm's would give p = {f['holm_p']:.3f}), "
+            f"{len(SECONDARY_ARMS)} secondary comparisons with no correction (Holm's would give "
+            f"p = {f['holm_p']:.3f}), "
             f"the exact sign-flip test gives p = {n['flip_p']:.4f} (the smallest {n['n']} seeds allow), and leaving "
             f"out any one of seeds {_seeds(f['fragile'])} makes the interval cross 0. Nor is it shown that removing "
             f"the mask is what kept calibration: CAPO with the mask minus CAPO without it is {_iv(mv['auroc'])} on "
@@ -298,7 +301,8 @@ def render_testbed_robustness() -> str:
              f"{d['flip_p']:.4f}", f"{d['favour']} of {d['n']}", f"{d['sd']:.3f}"] for name, key, d in rows_]
     first = table(["contrast", "endpoint", "seeds", "mean", "95% t interval", "paired t p", "exact sign-flip p",
                    "seeds above 0", "sd of the differences"], body)
-    loo = [[str(s), f"[{lo:+.3f}, {hi:+.3f}]", "yes" if lo <= 0 <= hi else "no"] for s, (lo, hi) in f["nomask"]["loo"].items()]
+    loo = [[str(s), f"[{lo:+.3f}, {hi:+.3f}]", "yes" if lo <= 0 <= hi else "no"]
+           for s, (lo, hi) in f["nomask"]["loo"].items()]
     second = table(["seed left out", "capo-nomask - grpo, 95% t interval", "crosses 0"], loo)
     return (first + f"\nPower of the paired t test (n = {f['nomask']['n']}, two-sided 0.05) for capo-nomask's own "
             f"observed effect and sd: {f['power']:.2f}.\n\n" + second)
@@ -346,7 +350,8 @@ def problems(write: bool = False) -> list[str]:
         elif new != text:
             found.append("".join(difflib.unified_diff(text.splitlines(True), new.splitlines(True), name, "rendered")))
         if page.parent.parent == RESULTS:  # a study's page holds results: every table row of numbers is rendered
-            found += [f"{name}: table row with numbers but no rendering block: {line}" for line in unrendered_tables(text)]
+            found += [f"{name}: table row with numbers but no rendering block: {line}"
+                      for line in unrendered_tables(text)]
     return found
 
 

@@ -134,7 +134,8 @@ def mentioned_paths(path: Path, text: str) -> list[str]:
         token = token.rstrip(".,:;")
         if token.startswith(TOP_DIRS) and "=" not in token and "(" not in token:
             out.append(token)
-        elif RESULTS in path.parents and path.name == "README.md" and re.fullmatch(r"[\w./-]+(/|\.(md|json|csv|png))", token):
+        elif RESULTS in path.parents and path.name == "README.md" and re.fullmatch(r"[\w./-]+(/|\.(md|json|csv|png))",
+                                                                                   token):
             out.append(str((path.parent / token).resolve().relative_to(ROOT)))  # relative to its results page
     for link in filter(None, links):
         out.append(str((path.parent / link).resolve().relative_to(ROOT)))
