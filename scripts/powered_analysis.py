@@ -1,7 +1,7 @@
-"""Analysis of the pre-registered comparison (docs/results/protocol.md): per-seed table, paired
+"""Analysis of the pre-registered comparison (docs/results/arithmetic-powered/protocol.md): per-seed table, paired
 differences with intervals, collapse counts, the AUROC-vs-step figure.
 
-    python scripts/powered_analysis.py runs/powered/s0 runs/powered/s3 runs/powered/nomask --out docs/results/powered
+    python scripts/powered_analysis.py runs/powered/s0 runs/powered/s3 runs/powered/nomask --out docs/results/arithmetic-powered
 
 Reads every ``runs/<method>-seed<k>/result.json`` of the given ``capo-trl compare`` directories and
 writes ``per_seed.csv``, ``summary.json``, ``analysis.md`` and ``auroc_vs_step.png`` to ``--out``.

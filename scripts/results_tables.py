@@ -1,12 +1,14 @@
-"""Render every table of numbers in docs/results/README.md and docs/results/testbed/README.md from the
-committed result files.
+"""Render every number block of the results pages (README.md, docs/concepts.md, docs/results/**/README.md)
+from the committed result files.
 
-    python scripts/results_tables.py            rewrite the tables in place
+    python scripts/results_tables.py            rewrite the blocks in place
     python scripts/results_tables.py --check    exit 1 (and print the differences) if any is stale
 
-A table is the block between ``<!-- table: NAME (rendered by scripts/results_tables.py) -->`` and
-``<!-- end table -->``; ``RENDER[NAME]`` builds it from files under docs/results/. A table of numbers
-outside such a block is an error (``unrendered_tables``), so a number without a file cannot be written.
+A block is the text between ``<!-- table: NAME (rendered by scripts/results_tables.py) -->`` (or
+``<!-- text: NAME ... -->`` for a sentence) and ``<!-- end table -->`` / ``<!-- end text -->``; ``RENDER[NAME]``
+builds it from files under docs/results/. On a study's page (docs/results/<study>/README.md) a table of numbers
+outside such a block is an error (``unrendered_tables``), so a number without a file cannot be written; the
+index (docs/results/README.md) and the other pages hold tables of settings, not results.
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ import json
 import re
 import statistics
 import sys
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
-READMES = (RESULTS / "README.md", RESULTS / "testbed" / "README.md")
-BLOCK = re.compile(r"(<!-- table: (?P<name>[\w-]+) \(rendered by scripts/results_tables\.py\) -->\n)(?P<body>.*?)"
-                   r"(<!-- end table -->)", re.S)
+PAGES = (ROOT / "README.md", ROOT / "docs" / "concepts.md", RESULTS / "README.md", *sorted(RESULTS.glob("*/README.md")))
+BLOCK = re.compile(r"(<!-- (?P<kind>table|text): (?P<name>[\w-]+) \(rendered by scripts/results_tables\.py\) -->\n)"
+                   r"(?P<body>.*?)(<!-- end (?P=kind) -->)", re.S)
 ENDPOINTS = ("accuracy", "auroc", "auroc_question", "ece")  # the column order of the method tables
 
 
@@ -69,26 +72,28 @@ METHOD_HEADER = ["method", "accuracy", "pooled AUROC", "per-question AUROC", "EC
 
 
 def render_main() -> str:
-    body = [["start (no RL)", *from_summary("main/summary.json", "start (no RL)")],
-            ["grpo", *from_summary("main/summary.json", "grpo")],
-            ["capo (relative tau 1.0, bounded scale, no mask)", *from_summary("main/summary.json", "capo")],
+    grpo_capo = "arithmetic-200-steps/grpo-capo/summary.json"
+    variants = "arithmetic-200-steps/capo-variants/summary.json"
+    body = [["start (no RL)", *from_summary(grpo_capo, "start (no RL)")],
+            ["grpo", *from_summary(grpo_capo, "grpo")],
+            ["capo (relative tau 1.0, bounded scale, no mask)", *from_summary(grpo_capo, "capo")],
             ["capo (relative tau 0.5, matched scale, no mask)",
-             *from_summary("variants/summary.json", "capo:advantage_scale=matched:tau=0.5")],
-            ["capo-paper (tau 0.6 nats, 1/tau scale, mask 2.5 / 1.05)", *from_summary("variants/summary.json",
-                                                                                      "capo-paper")]]
+             *from_summary(variants, "capo:advantage_scale=matched:tau=0.5")],
+            ["capo-paper (tau 0.6 nats, 1/tau scale, mask 2.5 / 1.05)", *from_summary(variants, "capo-paper")]]
     return table(["method", "accuracy (mean@8)", *METHOD_HEADER[2:]], body)
 
 
 def render_noise() -> str:
     labels = {"start (no RL)": "start (no RL)", "grpo": "grpo", "grpo-mask": "grpo-mask", "capo": "capo (no mask)",
               "capo-mask": "capo-mask"}
-    body = [[label, *from_summary("noise/summary.json", key, bold=("accuracy",) if key == "capo" else ())]
+    bold = {"capo": ("accuracy",)}
+    body = [[label, *from_summary("grader-noise-1-seed/summary.json", key, bold=bold.get(key, ()))]
             for key, label in labels.items()]
     return table(METHOD_HEADER, body)
 
 
 def render_noise3() -> str:
-    paths = [f"noise3/s{k}/final.csv" for k in range(3)]
+    paths = [f"grader-noise-3-seeds/seed-{k}/final.csv" for k in range(3)]
     body = [["start (no RL)", "-", *from_final(paths[:1], "start (no RL)")]]
     for key, label in (("grpo", "grpo"), ("grpo-mask", "grpo-mask"), ("capo", "capo (no mask)"),
                        ("capo-mask", "capo-mask")):
@@ -98,8 +103,10 @@ def render_noise3() -> str:
 
 
 def render_long() -> str:
-    runs = {"GRPO": ("long/long-grpo/final.csv", "long/long-grpo-s2/final.csv", "grpo"),
-            "CAPO": ("long/long-capo/final.csv", "long/long-capo-s2/final.csv", "capo:advantage_scale=matched:tau=0.5")}
+    runs = {"GRPO": ("arithmetic-600-steps/grpo-seeds-0-1/final.csv", "arithmetic-600-steps/grpo-seed-2/final.csv",
+                     "grpo"),
+            "CAPO": ("arithmetic-600-steps/capo-seeds-0-1/final.csv", "arithmetic-600-steps/capo-seed-2/final.csv",
+                     "capo:advantage_scale=matched:tau=0.5")}
     body = []
     for metric, label in (("accuracy", "accuracy"), ("auroc_question", "per-question AUROC"), ("auroc", "pooled AUROC")):
         for arm, (first, third, method) in runs.items():
@@ -117,7 +124,7 @@ ARMS = {"grpo": "A grpo", "capo-mask:advantage_scale=matched:tau=0.5": "B capo-m
 
 
 def render_powered() -> str:
-    per_seed = rows("powered/per_seed.csv")
+    per_seed = rows("arithmetic-powered/per_seed.csv")
     body = []
     for method, label in ARMS.items():
         mine = [r for r in per_seed if r["method"] == method]
@@ -127,7 +134,7 @@ def render_powered() -> str:
 
 
 def _comparisons(pairs, with_verdict: bool) -> str:
-    comparisons = summary("powered/summary.json")["comparisons"]
+    comparisons = summary("arithmetic-powered/summary.json")["comparisons"]
     short = {method: label.split()[0] for method, label in ARMS.items()}
     body = []
     for b, a in pairs:
@@ -156,7 +163,7 @@ def render_exploratory() -> str:
 
 
 def render_collapse() -> str:
-    per_seed = rows("powered/per_seed.csv")
+    per_seed = rows("arithmetic-powered/per_seed.csv")
     body = []
     for method in (D, B, A, C):
         mine = sorted((r for r in per_seed if r["method"] == method and int(r["seed"]) <= 4), key=lambda r: int(r["seed"]))
@@ -169,39 +176,146 @@ def render_collapse() -> str:
 
 def render_confidence() -> str:
     """The table scripts/confidence_table.py wrote next to its files (confidence/table.md), as it is."""
-    text = (RESULTS / "confidence" / "table.md").read_text()
+    text = (RESULTS / "calibrated-confidence" / "table.md").read_text()
     return "".join(line + "\n" for line in text.splitlines() if line.startswith("|"))
 
 
 def _testbed_scripts():
-    if str(ROOT / "scripts") not in sys.path:
-        sys.path.insert(0, str(ROOT / "scripts"))
-    import testbed_compare
-    import testbed_pilot
+    """The test-bed drivers (``capo_trl.harness``), imported only when a test-bed table is rendered."""
+    from capo_trl.harness import pilot, testbed
 
-    return testbed_pilot, testbed_compare
+    return pilot, testbed
 
 
 def render_pilot(steps: int) -> str:
-    """A pilot's tables and verdict (testbed/pilot-<steps>/), re-rendered from its start and seed files."""
+    """A pilot's tables and verdict (guess-pilots/<steps>-steps/), re-rendered from its start and seed files."""
     pilot, _ = _testbed_scripts()
-    where = RESULTS / "testbed" / f"pilot-{steps}"
+    where = RESULTS / "guess-pilots" / f"{steps}-steps"
     start = json.loads((where / "start.json").read_text())
     finals = {int(p.stem[4:]): json.loads(p.read_text()) for p in sorted(where.glob("seed*.json"))}
     return pilot.render(start, finals, pilot.verdict(start, finals))
 
 
 def render_testbed_compare() -> str:
-    """The five-arm comparison's tables (testbed/compare/), re-rendered from its run files."""
+    """The five-arm comparison's tables (guess-half-comparison/), re-rendered from its run files."""
     _, compare = _testbed_scripts()
-    return compare.render(compare.summarise(RESULTS / "testbed" / "compare"))
+    return compare.render(compare.summarise(RESULTS / "guess-half-comparison"))
 
 
-RENDER = {"main": render_main, "noise": render_noise, "noise3": render_noise3, "long": render_long,
-          "powered": render_powered, "paired": render_paired, "exploratory": render_exploratory,
-          "collapse": render_collapse, "confidence": render_confidence,
-          "pilot-300": lambda: render_pilot(300), "pilot-600": lambda: render_pilot(600),
-          "pilot-1000": lambda: render_pilot(1000), "testbed-compare": render_testbed_compare}
+# ------------------------------------------------------------------ the test-bed comparison, re-analysed
+TESTBED_DIR = "guess-half-comparison"
+SECONDARY_ARMS = ("grpo-mask", "capo-paper", "capo-nomask")  # against grpo; the primary arm is capo
+
+
+def _by_seed(method: str, key: str) -> list[float]:
+    found = summary(f"{TESTBED_DIR}/summary.json")
+    return [found["per_seed"][method][str(seed)][key] for seed in found["complete_seeds"]]
+
+
+def paired(a: str, b: str, key: str = "auroc") -> dict:
+    """``a - b`` by seed over the complete seeds: scipy's one-sample t test (interval, p), the exact sign-flip
+    permutation p (every one of the 2^n sign patterns), and the t interval with each seed left out."""
+    import numpy as np
+    from scipy import stats
+
+    seeds = summary(f"{TESTBED_DIR}/summary.json")["complete_seeds"]
+    d = np.subtract(_by_seed(a, key), _by_seed(b, key))
+    test = stats.ttest_1samp(d, 0.0)
+    flip = stats.permutation_test((d,), lambda x, axis: np.mean(x, axis=axis), vectorized=True,
+                                  permutation_type="samples", n_resamples=np.inf)
+    loo = {seed: tuple(stats.ttest_1samp(np.delete(d, i), 0.0).confidence_interval()) for i, seed in enumerate(seeds)}
+    low, high = test.confidence_interval()
+    return {"mean": float(d.mean()), "low": float(low), "high": float(high), "p": float(test.pvalue),
+            "flip_p": float(flip.pvalue), "favour": int((d > 0).sum()), "n": len(d), "sd": float(d.std(ddof=1)),
+            "loo": {s: (float(lo), float(hi)) for s, (lo, hi) in loo.items()}}
+
+
+def holm(pvalues: dict) -> dict:
+    """Holm's step-down adjusted p-values (each the running maximum of ``(m - rank) * p``, capped at 1)."""
+    ordered, running, out = sorted(pvalues, key=pvalues.get), 0.0, {}
+    for rank, name in enumerate(ordered):
+        running = max(running, min(1.0, (len(ordered) - rank) * pvalues[name]))
+        out[name] = running
+    return out
+
+
+def observed_power(d: dict, alpha: float = 0.05) -> float:
+    """Power of the two-sided paired t test at ``d``'s own n, for an effect equal to its observed mean and sd."""
+    from scipy import stats
+
+    n, crit = d["n"], stats.t.ppf(1 - alpha / 2, d["n"] - 1)
+    shift = d["mean"] / d["sd"] * n ** 0.5
+    return float(stats.nct.sf(crit, n - 1, shift) + stats.nct.cdf(-crit, n - 1, shift))
+
+
+def testbed_facts() -> dict:
+    """Every number the words about the test-bed comparison use (pages, README, concepts, the demo)."""
+    found = summary(f"{TESTBED_DIR}/summary.json")
+    secondary = {arm: paired(arm, "grpo") for arm in SECONDARY_ARMS}
+    nomask = secondary["capo-nomask"]
+    return {"seeds": nomask["n"], "start": found["start"]["auroc"], "grpo": found["arms"]["grpo"]["auroc"],
+            "nomask_end": found["arms"]["capo-nomask"]["auroc"], "primary": paired("capo", "grpo"),
+            "nomask": nomask, "holm_p": holm({arm: d["p"] for arm, d in secondary.items()})["capo-nomask"],
+            "power": observed_power(nomask),
+            "fragile": [s for s, (lo, hi) in nomask["loo"].items() if lo <= 0 <= hi],
+            "mask_vs_nomask": {k: paired("capo", "capo-nomask", k)
+                               for k in ("auroc", "e_aurc", "guessable/modal_share")}}
+
+
+def _iv(d: dict) -> str:
+    return f"{d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]"
+
+
+def _seeds(seeds: list) -> str:
+    return ", ".join(map(str, seeds[:-1])) + f" or {seeds[-1]}" if len(seeds) > 1 else str(seeds[0])
+
+
+def render_testbed_words() -> str:
+    """The test-bed result in one paragraph, for README.md, docs/concepts.md and the comparison's page."""
+    f = testbed_facts()
+    n, p, mv = f["nomask"], f["primary"], f["mask_vs_nomask"]
+    return textwrap.fill(
+           f"On `guess-half` (half the items can only be guessed) GRPO does lose calibration: pooled AUROC "
+            f"{f['start']:.3f} -> {f['grpo']:.3f} over 600 steps ({f['seeds']} seeds). CAPO as recommended (with the "
+            f"noise mask) did not keep it better than GRPO: {_iv(p)} (95% t interval), no difference shown. CAPO "
+            f"without the mask ended at {f['nomask_end']:.3f}, {_iv(n)} against GRPO (paired t p = {n['p']:.3f}), "
+            f"and all {n['favour']} of {n['n']} seeds favoured it, but that is suggestive, not shown: it was one of "
+            f"{len(SECONDARY_ARMS)} secondary comparisons with no correction (Holm's would give "
+            f"p = {f['holm_p']:.3f}), "
+            f"the exact sign-flip test gives p = {n['flip_p']:.4f} (the smallest {n['n']} seeds allow), and leaving "
+            f"out any one of seeds {_seeds(f['fragile'])} makes the interval cross 0. Nor is it shown that removing "
+            f"the mask is what kept calibration: CAPO with the mask minus CAPO without it is {_iv(mv['auroc'])} on "
+            f"pooled AUROC and {_iv(mv['e_aurc'])} on E-AURC; only the guessable items' modal-answer share differs "
+            f"clearly ({_iv(mv['guessable/modal_share'])}).",
+           width=110, break_on_hyphens=False, break_long_words=False) + "\n"
+
+
+def render_testbed_robustness() -> str:
+    """Each contrast the words use, with both tests, and the leave-one-out intervals of the secondary one."""
+    f = testbed_facts()
+    rows_ = [("capo - grpo (primary)", "auroc", f["primary"]), ("capo-nomask - grpo (secondary)", "auroc", f["nomask"])]
+    rows_ += [("capo - capo-nomask (exploratory)", k, d) for k, d in f["mask_vs_nomask"].items()]
+    body = [[name, key, str(d["n"]), f"{d['mean']:+.3f}", f"[{d['low']:+.3f}, {d['high']:+.3f}]", f"{d['p']:.3f}",
+             f"{d['flip_p']:.4f}", f"{d['favour']} of {d['n']}", f"{d['sd']:.3f}"] for name, key, d in rows_]
+    first = table(["contrast", "endpoint", "seeds", "mean", "95% t interval", "paired t p", "exact sign-flip p",
+                   "seeds above 0", "sd of the differences"], body)
+    loo = [[str(s), f"[{lo:+.3f}, {hi:+.3f}]", "yes" if lo <= 0 <= hi else "no"]
+           for s, (lo, hi) in f["nomask"]["loo"].items()]
+    second = table(["seed left out", "capo-nomask - grpo, 95% t interval", "crosses 0"], loo)
+    return (first + f"\nPower of the paired t test (n = {f['nomask']['n']}, two-sided 0.05) for capo-nomask's own "
+            f"observed effect and sd: {f['power']:.2f}.\n\n" + second)
+
+
+TESTBED_RENDER = {"guess-half-words": render_testbed_words, "guess-half-robustness": render_testbed_robustness}
+
+
+RENDER = {"arithmetic-200-steps": render_main, "grader-noise-1-seed": render_noise,
+          "grader-noise-3-seeds": render_noise3, "arithmetic-600-steps": render_long,
+          "arithmetic-powered": render_powered, "arithmetic-powered-paired": render_paired,
+          "arithmetic-powered-exploratory": render_exploratory, "arithmetic-powered-collapse": render_collapse,
+          "calibrated-confidence": render_confidence, "guess-pilot-300-steps": lambda: render_pilot(300),
+          "guess-pilot-600-steps": lambda: render_pilot(600), "guess-pilot-1000-steps": lambda: render_pilot(1000),
+          "guess-half-comparison": render_testbed_compare, **TESTBED_RENDER}
 
 
 def render(text: str) -> str:
@@ -210,7 +324,7 @@ def render(text: str) -> str:
         name = match["name"]
         if name not in RENDER:
             raise KeyError(f"no renderer for table {name!r}; add one to RENDER in scripts/results_tables.py.")
-        return match.group(1) + RENDER[name]() + match.group(4)
+        return match.group(1) + RENDER[name]() + match.group(5)
     return BLOCK.sub(one, text)
 
 
@@ -221,25 +335,28 @@ def unrendered_tables(text: str) -> list[str]:
             and re.search(r"\d", line)]
 
 
-def main(argv: list[str]) -> int:
-    failed = False
-    for readme in READMES:
-        text = readme.read_text()
-        new = render(text)
-        stray = unrendered_tables(text)
-        name = readme.relative_to(ROOT)
-        if "--check" in argv:
-            if new != text:
-                import difflib
+def problems(write: bool = False) -> list[str]:
+    """What is stale (a unified diff per page) or unbacked (a table row outside a block); ``write`` re-renders."""
+    import difflib
 
-                sys.stdout.writelines(difflib.unified_diff(text.splitlines(True), new.splitlines(True), str(name),
-                                                           "rendered"))
-        else:
-            readme.write_text(new)
-        for line in stray:
-            print(f"{name}: table row with numbers but no rendering block: {line}")
-        failed = failed or bool(stray) or ("--check" in argv and new != text)
-    return int(failed)
+    found = []
+    for page in PAGES:
+        text, name = page.read_text(), str(page.relative_to(ROOT))
+        new = render(text)
+        if write:
+            page.write_text(new)
+        elif new != text:
+            found.append("".join(difflib.unified_diff(text.splitlines(True), new.splitlines(True), name, "rendered")))
+        if page.parent.parent == RESULTS:  # a study's page holds results: every table row of numbers is rendered
+            found += [f"{name}: table row with numbers but no rendering block: {line}"
+                      for line in unrendered_tables(text)]
+    return found
+
+
+def main(argv: list[str]) -> int:
+    found = problems(write="--check" not in argv)
+    print("\n".join(found))
+    return int(bool(found))
 
 
 if __name__ == "__main__":

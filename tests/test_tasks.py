@@ -82,13 +82,14 @@ def test_demo_refuses_an_unknown_task_in_one_line(capsys, monkeypatch):
 
 
 def test_the_demo_says_what_the_committed_test_bed_comparison_says():
+    import importlib.util
     import json
     from pathlib import Path
 
     from capo_trl.harness.demo import TESTBED, testbed_evidence
 
-    summary = json.loads((Path(__file__).resolve().parents[1] / "docs" / "results" / "testbed" / "compare" /
-                          "summary.json").read_text())
+    root = Path(__file__).resolve().parents[1]
+    summary = json.loads((root / "docs" / "results" / "guess-half-comparison" / "summary.json").read_text())
     paired = summary["paired_vs_grpo"]
 
     def diff(arm, key="auroc"):
@@ -111,6 +112,17 @@ def test_the_demo_says_what_the_committed_test_bed_comparison_says():
         "lucky": dropped("guessable", "correct"), "true": dropped("derivable", "correct"),
         "wrong": round(sum(v for v, gone in wrong if gone) / sum(v for v, _ in wrong), 2),
     }
+    # The re-analysis (sign-flip p, leave-one-out, capo - capo-nomask) as scripts/results_tables.py computes it.
+    spec = importlib.util.spec_from_file_location("results_tables", root / "scripts" / "results_tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    facts = tables.testbed_facts()
+    nomask, contrast = facts["nomask"], facts["mask_vs_nomask"]["auroc"]
+    measured |= {"nomask_p": round(nomask["p"], 3), "nomask_favour": nomask["favour"],
+                 "nomask_flip_p": round(nomask["flip_p"], 4), "nomask_fragile": tuple(facts["fragile"]),
+                 "mask_vs_nomask": tuple(round(contrast[k], 3) for k in ("mean", "low", "high"))}
     assert TESTBED == measured
     text = testbed_evidence()
     assert f"{TESTBED['start']:.3f}" in text and f"{TESTBED['capo'][1]:+.3f}" in text
+    assert "suggestive, not shown" in text and "Nor is it shown that removing the mask" in text
+    assert f"p = {facts['nomask']['flip_p']:.4f}" in text

@@ -23,7 +23,7 @@ RECOMMENDED = dict(advantage_estimator="capo", tau=0.6, tau_mode="absolute", adv
 # nats, reference PPLs 1.01-1.2): tau in units of the within-group spread, each group's total |advantage|
 # matched to GRPO's, the mask with thresholds measured on the first batch (the `capo` preset of `capo-trl
 # compare`; examples/recipes/capo-arith-tiny-cpu.yaml writes it out). The pre-registered comparison chose it
-# (docs/results/README.md, "Powered comparison"): no seed collapsed in 600 steps, without the mask one in
+# (docs/results/arithmetic-powered/README.md, "Powered comparison"): no seed collapsed in 600 steps, without the mask one in
 # five did; it cost 6.5 accuracy points against GRPO and did not beat it on calibration.
 EMBEDDED_METHOD = dict(advantage_estimator="capo", tau=0.5, tau_mode="relative", advantage_scale="matched",
                        ref_thresholds="auto")  # noise_mask unset: on for CAPO, off for GRPO
