@@ -73,6 +73,16 @@ def unmeasured(report: dict) -> list[str]:
     return reasons
 
 
+def caveats(report: dict) -> list[str]:
+    """What a user should know before training with :func:`calibrate_mask`'s thresholds (they are usable)."""
+    from ..mask import overlap_warning
+
+    high, low = report.get("ref_high"), report.get("ref_low")
+    if is_number(high) and is_number(low) and low > high:
+        return [overlap_warning(high, low, "the quartile rule on this sample")]
+    return []
+
+
 def recipe_values(report: dict) -> dict:
     """What ``--write_config`` sets: the recommended configuration's CAPO fields, with this model's measured
     ``tau`` (absolute, the within-group spread) and thresholds in place of the paper's values.
@@ -165,4 +175,4 @@ def _quartiles(x: torch.Tensor) -> list[float] | None:
     return [torch.quantile(x.double(), q).item() for q in (0.25, 0.5, 0.75)]
 
 
-__all__ = ["calibrate_mask", "read_recipe", "recipe_values", "unmeasured", "update_recipe"]
+__all__ = ["calibrate_mask", "caveats", "read_recipe", "recipe_values", "unmeasured", "update_recipe"]
