@@ -106,6 +106,7 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
         BenchmarkSpec("arithmetic", None, template="raw"),
         BenchmarkSpec("guess", None, template="raw"),
         BenchmarkSpec("guess-half", None, template="raw"),
+        BenchmarkSpec("guess-redraw", None, template="raw"),
     )
 }
 _ALIASES = {"math-500": "math500", "aime2024": "aime24", "aime2025": "aime25", "amc2023": "amc23",

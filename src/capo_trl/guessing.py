@@ -113,6 +113,28 @@ def guess_dataset(split: str = "train", n: int = 1000, seed: int = 0, task: Gues
     return Dataset.from_list(rows)
 
 
+def redraw_reward(completions, solutions, guessable, prompts=None, trainer_state=None, **kwargs) -> list:
+    """Math accuracy where a guessable item's hidden operand is drawn afresh for every sample.
+
+    Why: with the operand fixed per problem a policy can memorise the training items' golds; drawn
+    per sample, every answer to a guessable item is right with probability ``1 / (hidden_max + 1)``
+    whatever the policy does, so the best policy stays uncertain there and a confident guesser is
+    miscalibrated by construction. The draw hashes (step, position in the batch, prompt), so a run
+    and its resumed twin draw the same. Derivable items keep their one gold.
+    """
+    from .rewards import math_accuracy_reward
+
+    step = trainer_state.global_step if trainer_state is not None else 0
+    golds = []
+    for i, (options, flag) in enumerate(zip(solutions, guessable)):
+        prompt = prompts[i] if prompts is not None else ""
+        digest = hashlib.sha256(f"redraw:{step}:{i}:{prompt}".encode()).digest()
+        golds.append(options[int.from_bytes(digest[:8], "big") % len(options)] if flag else options[0])
+    kwargs.pop("answer", None)  # the fixed gold; graded against the drawn solution instead
+    kwargs.pop("solution", None)
+    return math_accuracy_reward(completions, solution=golds, **kwargs)
+
+
 def sft_completions(dataset: Dataset, seed: int = 0) -> Dataset:
     """Prompt/completion pairs for supervised warm-up, each guessable row with a hidden value drawn at random.
 
@@ -148,4 +170,4 @@ def guess_breakdown(samples: list[dict], rows, n: int) -> dict:
     return out
 
 
-__all__ = ["GUESS_CHARS", "GuessTask", "guess_breakdown", "guess_dataset", "sft_completions"]
+__all__ = ["GUESS_CHARS", "GuessTask", "guess_breakdown", "guess_dataset", "redraw_reward", "sft_completions"]

@@ -16,19 +16,21 @@ from typing import Callable
 
 from .arithmetic import EMBEDDED_MODEL_DIR, arithmetic_dataset
 from .errors import UsageError
-from .guessing import GuessTask, guess_dataset
+from .guessing import GuessTask, guess_dataset, redraw_reward
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 
 
 @dataclass(frozen=True)
 class Task:
-    """A named embedded task: ``dataset(split, n, seed=0)`` and the directory of its start model."""
+    """A named embedded task: ``dataset(split, n, seed=0)``, the directory of its start model, and the
+    training reward when it is not plain math accuracy (``reward``; evaluation always grades the gold)."""
 
     name: str
     dataset: Callable
     model_dir: Path
     summary: str
+    reward: Callable | None = None
 
     def model_path(self) -> str:
         """The start model's directory, checked (a missing asset names the command that builds it)."""
@@ -47,6 +49,9 @@ TASKS: dict[str, Task] = {
              "arithmetic, a quarter of the items guessable (last operand hidden, 0-4)"),
         Task("guess-half", partial(guess_dataset, task=GuessTask(guess_fraction=0.5)), ASSETS / "guess-tiny",
              "arithmetic, half the items guessable (last operand hidden, 0-4)"),
+        Task("guess-redraw", partial(guess_dataset, task=GuessTask(guess_fraction=0.5)), ASSETS / "guess-tiny",
+             "guess-half's items, the hidden operand redrawn for every training sample (no answer beats 1 in 5)",
+             reward=redraw_reward),
     )
 }
 DEFAULT_TASK = "arithmetic"

@@ -21,7 +21,8 @@ def headline(metrics: dict, n: int) -> dict:
 def _reward(budget: Budget):
     from ..rewards import math_accuracy_reward, with_grader_noise
 
-    return with_grader_noise(math_accuracy_reward, budget.grader_noise) if budget.grader_noise else math_accuracy_reward
+    reward = get_task(budget.task).reward or math_accuracy_reward
+    return with_grader_noise(reward, budget.grader_noise) if budget.grader_noise else reward
 
 
 def start_model(budget: Budget) -> str:
