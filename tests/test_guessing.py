@@ -129,3 +129,45 @@ def test_the_pilot_applies_the_pre_registered_criterion():
     assert result["per_seed"][1]["e_aurc_rises"] is False and result["test_bed"] is False  # one seed short
     assert pilot.verdict(start, {0: degraded, 1: degraded, 2: degraded})["test_bed"] is True
     assert pilot.verdict(start, {0: {**degraded, "accuracy": 0.419}})["test_bed"] is False
+
+
+def test_redraw_reward_draws_a_gold_per_sample_and_keeps_derivable_golds():
+    from types import SimpleNamespace
+
+    from capo_trl.rewards import redraw_reward
+
+    rows = guess_dataset("train", 40, task=GuessTask(guess_fraction=0.5))
+    guess = next(r for r in rows if r["guessable"])
+    derived = next(r for r in rows if not r["guessable"])
+    answers = [re.search(r"\\boxed\{(-?\d+)\}", s)[1] for s in guess["solutions"]]
+    n = 500
+    state = SimpleNamespace(global_step=3)
+
+    def reward(row, completion, step=state):
+        return redraw_reward([completion] * n, solutions=[row["solutions"]] * n, guessable=[row["guessable"]] * n,
+                             prompts=[row["prompt"]] * n, trainer_state=step, answer=[row["answer"]] * n)
+
+    # a derivable item: its one gold, whatever the position
+    assert reward(derived, f"\\boxed{{{derived['answer']}}}") == [1.0] * n
+    # a guessable item: each possible answer is right about 1 time in 5, and exactly one is right at each position
+    grades = [reward(guess, f"\\boxed{{{a}}}") for a in answers]
+    assert [sum(col) for col in zip(*grades)] == [1.0] * n
+    shares = [sum(g) / n for g in grades]
+    assert all(0.14 < s < 0.26 for s in shares), shares  # binomial(500, 0.2): 3.4 sd either side
+    # deterministic for a step (a resumed run draws the same), different at another step
+    assert reward(guess, f"\\boxed{{{answers[0]}}}") == grades[0]
+    assert reward(guess, f"\\boxed{{{answers[0]}}}", SimpleNamespace(global_step=4)) != grades[0]
+
+
+def test_the_redraw_task_trains_with_its_own_reward_and_evaluates_the_gold():
+    from capo_trl.rewards import redraw_reward
+    from capo_trl.harness.presets import Budget
+    from capo_trl.harness.runs import _reward
+    from capo_trl.rewards import math_accuracy_reward
+    from capo_trl.data.tasks import TASKS
+
+    assert _reward(Budget(task="guess-redraw")) is redraw_reward
+    assert _reward(Budget(task="guess-half")) is math_accuracy_reward
+    redraw, half = TASKS["guess-redraw"], TASKS["guess-half"]
+    assert redraw.model_dir == half.model_dir
+    assert redraw.dataset("test", 20).to_list() == half.dataset("test", 20).to_list()

@@ -297,7 +297,15 @@ def test_no_model_says_so_and_refuses_other_datasets(capsys):
     capo_train.parse_args(["--model_name_or_path", "m"])
     assert "embedded" not in capsys.readouterr().err
     err = one_line_error(capsys, ["--dataset_name", "math500"])
-    assert "only do the embedded tasks (arithmetic, guess, guess-half)" in err and "--model_name_or_path" in err
+    assert "only do the embedded tasks (arithmetic, guess, guess-half, guess-redraw)" in err
+    assert "--model_name_or_path" in err
+
+
+def test_a_task_with_its_own_reward_is_not_trained_with_another(capsys):
+    err = one_line_error(capsys, ["--dataset_name", "guess-redraw"])  # the default reward: math_accuracy
+    assert "dataset_name guess-redraw trains with its own reward (guess_redraw)" in err
+    assert "--reward_funcs guess_redraw" in err
+    capo_train.parse_args(["--dataset_name", "guess-redraw", "--reward_funcs", "guess_redraw"])
 
 
 def test_help_shows_the_documented_defaults(capsys):

@@ -21,6 +21,7 @@ NORMALIZATIONS = ("group", "pairs", "none")
 SURROGATES = ("logistic", "linear")
 SCALES = ("paper", "bounded", "matched")
 GRPO_SCALES = ("group", "batch", "none")
+MASK_SIDES = ("both", "correct", "wrong")  # which answers the noise mask may drop
 
 
 def _grouped(x: torch.Tensor, num_generations: int, name: str) -> torch.Tensor:
@@ -170,6 +171,7 @@ def noise_mask(
     ref_high: float = 2.5,
     ref_low: float = 1.05,
     correct_threshold: float = 0.5,
+    side: str = "both",
 ) -> torch.Tensor:
     """CAPO's reference-perplexity noise mask; ``True`` = keep the completion in the loss.
 
@@ -177,12 +179,17 @@ def noise_mask(
     implausible (``PPL_ref > ref_high``: a lucky guess) and a *wrong* answer it finds near-certain
     (``PPL_ref < ref_low``: likely a grader miss) are treated as label noise and dropped. Both
     thresholds are inclusive keeps. Rows without evidence (NaN reward or NaN PPL) are kept.
+    ``side`` applies one test only (``"correct"``: ``ref_high`` on correct answers; ``"wrong"``:
+    ``ref_low`` on wrong ones), so a study can tell which half of the mask does what.
     """
+    if side not in MASK_SIDES:
+        raise ValueError(f"side={side!r}; expected one of {MASK_SIDES}.")
     ppl = ref_ppl.to(rewards.device, torch.float32)
     correct = rewards >= correct_threshold
     wrong = rewards < correct_threshold  # NaN compares False on both sides
-    drop = (correct & (ppl > ref_high)) | (wrong & (ppl < ref_low))
-    return ~drop
+    drop_correct = correct & (ppl > ref_high) if side != "wrong" else torch.zeros_like(correct)
+    drop_wrong = wrong & (ppl < ref_low) if side != "correct" else torch.zeros_like(wrong)
+    return ~(drop_correct | drop_wrong)
 
 
 def mean_token_logprob(per_token_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

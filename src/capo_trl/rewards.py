@@ -19,7 +19,7 @@ from .grader.worker import CORRECT, DIED, GOLD_BAD, OOM, PRED_BAD, TIMED_OUT
 from .methods.verbalized import answer_tag, parse_rlcr, rlcr_rewards
 
 __all__ = ["MathReward", "math_accuracy_reward", "boxed_format_reward", "AnswerTagReward", "RLCRReward",
-           "with_grader_noise", "last_boxed"]
+           "with_grader_noise", "last_boxed", "redraw_reward"]
 
 _COUNTERS = (("timed_out", TIMED_OUT), ("pred_unparseable", PRED_BAD), ("gold_unparseable", GOLD_BAD),
              ("worker_died", DIED), ("out_of_memory", OOM))
@@ -164,6 +164,27 @@ class RLCRReward(AnswerTagReward):
 # --------------------------------------------------------------------------------------------
 # label noise, for mask ablations
 # --------------------------------------------------------------------------------------------
+def redraw_reward(completions, solutions, guessable, prompts=None, trainer_state=None, **kwargs) -> list:
+    """Math accuracy where a guessable item's hidden operand is drawn afresh for every sample (the
+    ``guess-redraw`` task: columns ``solutions`` and ``guessable`` of :func:`capo_trl.data.guessing.guess_dataset`).
+
+    Why: with the operand fixed per problem a policy can memorise the training items' golds; drawn
+    per sample, every answer to a guessable item is right with probability ``1 / (hidden_max + 1)``
+    whatever the policy does, so the best policy stays uncertain there and a confident guesser is
+    miscalibrated by construction. The draw hashes (step, position in the batch, prompt), so a run
+    and its resumed twin draw the same. Derivable items keep their one gold.
+    """
+    step = trainer_state.global_step if trainer_state is not None else 0
+    golds = []
+    for i, (options, flag) in enumerate(zip(solutions, guessable)):
+        prompt = prompts[i] if prompts is not None else ""
+        digest = hashlib.sha256(f"redraw:{step}:{i}:{prompt}".encode()).digest()
+        golds.append(options[int.from_bytes(digest[:8], "big") % len(options)] if flag else options[0])
+    kwargs.pop("answer", None)  # the fixed gold; graded against the drawn solution instead
+    kwargs.pop("solution", None)
+    return math_accuracy_reward(completions, solution=golds, **kwargs)
+
+
 def with_grader_noise(reward_func, rate: float, seed: int = 0):
     """Wrap a reward function so a fraction ``rate`` of its 0/1 grades are flipped.
 

@@ -365,6 +365,8 @@ def run_calibrate_mask(args) -> int:
         for reason in reasons:
             print(f"capo-trl calibrate-mask: {reason}{tail}", file=sys.stderr)
         return 1
+    for caveat in harness.caveats(report):
+        print(f"capo-trl calibrate-mask: warning: {caveat}", file=sys.stderr)
     if path:
         values = harness.recipe_values(report)
         updated = harness.update_recipe(text, values, path)

@@ -16,6 +16,7 @@ from ..errors import UsageError
 REWARDS = {
     "math_accuracy": "capo_trl.rewards:math_accuracy_reward",
     "boxed_format": "capo_trl.rewards:boxed_format_reward",
+    "guess_redraw": "capo_trl.rewards:redraw_reward",  # the guess-redraw task's training reward
 }
 # Reward functions that read the gold answer from the column `answer`, else `solution` (no required parameter).
 _GOLD_READERS = ("math_accuracy_reward", "math_accuracy")

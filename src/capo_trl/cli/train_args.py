@@ -20,7 +20,7 @@ from ..data import benchmarks as data
 from ..training.config import CAPOConfig
 from ..training.defaults import EMBEDDED_METHOD, TrainingBudget, training_config
 from ..errors import UsageError, check_model_path, check_output_dir
-from .reward_names import resolve_reward
+from .reward_names import REWARDS, resolve_reward
 from ..data.tasks import TASKS
 
 
@@ -264,6 +264,11 @@ def check_args(script_args: ScriptArguments, training_args: CAPOConfig, model_ar
         if script_args.dataset_train_split is not None:
             raise UsageError(f"dataset_train_split does not apply to a local file ({name}): give each split its own "
                              "file.")
+    task = TASKS.get(data.embedded_task(name)) if name is not None else None
+    if task is not None and task.reward is not None and resolve_reward(f"capo_trl.rewards:{task.reward}") not in funcs:
+        short = next(k for k, v in REWARDS.items() if v == f"capo_trl.rewards:{task.reward}")
+        raise UsageError(f"dataset_name {name} trains with its own reward ({short}), not {script_args.reward_funcs}; "
+                         f"give --reward_funcs {short}.")
     if model_args.model_name_or_path is None and name is not None and data.embedded_task(name) is None:
         raise UsageError(f"dataset_name {name} without model_name_or_path: the embedded tiny models only do the "
                          f"embedded tasks ({', '.join(TASKS)}); give --model_name_or_path MODEL to train on this "

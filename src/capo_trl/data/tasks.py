@@ -23,12 +23,15 @@ ASSETS = Path(__file__).resolve().parents[1] / "assets"
 
 @dataclass(frozen=True)
 class Task:
-    """A named embedded task: ``dataset(split, n, seed=0)`` and the directory of its start model."""
+    """A named embedded task: ``dataset(split, n, seed=0)``, the directory of its start model, and the name
+    in :mod:`capo_trl.rewards` of its training reward when it is not ``math_accuracy_reward`` (``reward``;
+    evaluation always grades the gold)."""
 
     name: str
     dataset: Callable
     model_dir: Path
     summary: str
+    reward: str | None = None
 
     def model_path(self) -> str:
         """The start model's directory, checked (a missing asset names the command that builds it)."""
@@ -47,6 +50,9 @@ TASKS: dict[str, Task] = {
              "arithmetic, a quarter of the items guessable (last operand hidden, 0-4)"),
         Task("guess-half", partial(guess_dataset, task=GuessTask(guess_fraction=0.5)), ASSETS / "guess-tiny",
              "arithmetic, half the items guessable (last operand hidden, 0-4)"),
+        Task("guess-redraw", partial(guess_dataset, task=GuessTask(guess_fraction=0.5)), ASSETS / "guess-tiny",
+             "guess-half's items, the hidden operand redrawn for every training sample (no answer beats 1 in 5)",
+             reward="redraw_reward"),
     )
 }
 DEFAULT_TASK = "arithmetic"

@@ -13,6 +13,7 @@ import yaml
 from ..advantages import quartile_thresholds, within_group_std
 from ..evaluation.calibration import auroc
 from ..training.defaults import RECOMMENDED
+from ..training.mask import overlap_warning
 from ..errors import UsageError
 from .presets import is_number
 
@@ -71,6 +72,14 @@ def unmeasured(report: dict) -> list[str]:
         reasons.append("tau not measured: the scores do not vary within groups (spread 0); raise --limit or --n, or "
                        "check that the model samples (temperature 1).")
     return reasons
+
+
+def caveats(report: dict) -> list[str]:
+    """What a user should know before training with :func:`calibrate_mask`'s thresholds (they are usable)."""
+    high, low = report.get("ref_high"), report.get("ref_low")
+    if is_number(high) and is_number(low) and low > high:
+        return [overlap_warning(high, low, "the quartile rule on this sample")]
+    return []
 
 
 def recipe_values(report: dict) -> dict:
@@ -165,4 +174,4 @@ def _quartiles(x: torch.Tensor) -> list[float] | None:
     return [torch.quantile(x.double(), q).item() for q in (0.25, 0.5, 0.75)]
 
 
-__all__ = ["calibrate_mask", "read_recipe", "recipe_values", "unmeasured", "update_recipe"]
+__all__ = ["calibrate_mask", "caveats", "read_recipe", "recipe_values", "unmeasured", "update_recipe"]

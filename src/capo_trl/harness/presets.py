@@ -27,6 +27,9 @@ PRESETS: dict[str, dict] = {
     "capo": dict(EMBEDDED_METHOD),  # what `capo-trl train` trains the embedded model with
     "capo-mask": {**EMBEDDED_METHOD, "noise_mask": True, "ref_thresholds": "auto"},  # = capo (older commands)
     "capo-nomask": {**EMBEDDED_METHOD, "noise_mask": False},  # the length-hack ablation
+    # One side of the mask each (thresholds as the `capo` preset measures them; amend ref_thresholds=fixed:...).
+    "capo-mask-correct": {**EMBEDDED_METHOD, "noise_mask": True, "noise_mask_side": "correct"},
+    "capo-mask-wrong": {**EMBEDDED_METHOD, "noise_mask": True, "noise_mask_side": "wrong"},
     "capo-paper": PAPER,
     "capo-recommended": dict(RECOMMENDED),  # for a real model: the paper's settings with the guard on
     "grpo-mask": dict(advantage_estimator="grpo", noise_mask=True, ref_thresholds="auto"),

@@ -19,9 +19,10 @@ def headline(metrics: dict, n: int) -> dict:
 
 
 def _reward(budget: Budget):
-    from ..rewards import math_accuracy_reward, with_grader_noise
+    from .. import rewards
 
-    return with_grader_noise(math_accuracy_reward, budget.grader_noise) if budget.grader_noise else math_accuracy_reward
+    reward = getattr(rewards, get_task(budget.task).reward or "math_accuracy_reward")  # the task's, by name
+    return rewards.with_grader_noise(reward, budget.grader_noise) if budget.grader_noise else reward
 
 
 def start_model(budget: Budget) -> str:

@@ -13,11 +13,13 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from ..advantages import MASK_SIDES
 from ..methods import BUILTIN, resolve_method
 from ..methods.base import check_fields
 
 THRESHOLD_MODES = ("fixed", "auto")
 REF_SCORING = ("auto", "all", "needed")
+MASK_NORMALIZERS = ("kept", "unmasked")
 # Loss types whose normaliser does not depend on which rows the mask drops (rows, or a constant).
 MASK_FREE_NORMALISER = ("grpo", "sapo", "dr_grpo")
 # Each built-in method's fields, mixed in (later methods' fields come first in the MRO, so last in --help).
@@ -79,6 +81,17 @@ class CAPOConfig(*_METHOD_ARGS, GRPOConfig):
             (upper quartile of the reference PPL on correct answers, lower quartile on wrong ones) on
             the first `ref_calibration_steps` generation batches, which the initial policy (= the
             reference) sampled; the mask is off while measuring.
+        noise_mask_side (`str`, defaults to `"both"`):
+            Which answers the mask may drop: `"both"` (the paper), `"correct"` (only the `ref_high` test on
+            correct answers, the suspected lucky guesses) or `"wrong"` (only the `ref_low` test on wrong
+            answers, the suspected grader misses).
+        noise_mask_normalizer (`str`, defaults to `"kept"`):
+            `"kept"`: a dropped completion leaves the loss and its normaliser, so with ~30% dropped each kept
+            token of a token-normalised loss (`dapo`, `bnpo`, `cispo`) weighs ~1.4x more. `"unmasked"`: a
+            dropped completion's advantage is zero, so it contributes nothing, but its tokens still count in
+            the normaliser: every kept row weighs what it would without the mask (a mask, not a larger
+            step). Needs `beta=0`, no entropy bonus and `top_entropy_quantile=1` (else a dropped row would
+            still contribute a KL or entropy term).
         ref_calibration_steps (`int`, defaults to `1`):
             Generation batches used by `ref_thresholds="auto"`.
         ref_cache_size (`int`, defaults to `65536`):
@@ -132,6 +145,17 @@ class CAPOConfig(*_METHOD_ARGS, GRPOConfig):
         metadata={"help": "'fixed' (ref_high/ref_low as given) or 'auto' (quartile rule measured on the first "
                   "ref_calibration_steps generation batches).", "choices": list(THRESHOLD_MODES)},
     )
+    noise_mask_side: str = field(
+        default="both",
+        metadata={"help": "Which answers the noise mask may drop: 'both' (the paper), 'correct' (ref_high on correct "
+                  "answers only) or 'wrong' (ref_low on wrong answers only).", "choices": list(MASK_SIDES)},
+    )
+    noise_mask_normalizer: str = field(
+        default="kept",
+        metadata={"help": "'kept': a dropped completion leaves the loss and its token count; 'unmasked': its "
+                  "advantage is zero but its tokens still count in the loss normaliser, so kept rows weigh what "
+                  "they would without the mask (needs beta=0, no entropy bonus).", "choices": list(MASK_NORMALIZERS)},
+    )
     ref_calibration_steps: int = field(
         default=1,
         metadata={"help": "Generation batches used to measure the mask thresholds when ref_thresholds='auto'."},
@@ -175,7 +199,9 @@ class CAPOConfig(*_METHOD_ARGS, GRPOConfig):
             return ValueError(f"CAPOConfig.{name}={getattr(self, name)!r} is invalid; {allowed}.")
 
         check_fields(self, "CAPOConfig.", positive=("ref_high", "ref_low"), count=("ref_calibration_steps",),
-                     flags=("noise_mask_guard",), choices={"ref_thresholds": THRESHOLD_MODES, "ref_scoring": REF_SCORING})
+                     flags=("noise_mask_guard",), choices={"ref_thresholds": THRESHOLD_MODES, "ref_scoring": REF_SCORING,
+                                                   "noise_mask_side": MASK_SIDES,
+                                                   "noise_mask_normalizer": MASK_NORMALIZERS})
         if self.ref_low < 1.0 or self.ref_high < 1.0:
             raise ValueError(
                 f"CAPOConfig.ref_high={self.ref_high} / ref_low={self.ref_low} are perplexities, which are >= 1; "
@@ -191,6 +217,19 @@ class CAPOConfig(*_METHOD_ARGS, GRPOConfig):
                 "CAPOConfig.sync_ref_model=True moves the reference model during training, but the noise mask "
                 "judges completions against the *initial* policy. Set sync_ref_model=False, or noise_mask=False."
             )
+        if mask_on and self.noise_mask_normalizer == "unmasked":
+            side_terms = {"beta": self.beta != 0.0, "entropy_coef": getattr(self, "entropy_coef", 0.0) != 0.0,
+                          "use_adaptive_entropy": bool(getattr(self, "use_adaptive_entropy", False)),
+                          "top_entropy_quantile": getattr(self, "top_entropy_quantile", 1.0) != 1.0}
+            offending = [name for name, on in side_terms.items() if on]
+            if offending or method.sequence_loss is not None:
+                what = ", ".join(f"{n}={getattr(self, n)!r}" for n in offending) or \
+                    f"advantage_estimator={self.advantage_estimator!r} (its own sequence loss)"
+                raise ValueError(
+                    f"CAPOConfig.noise_mask_normalizer='unmasked' keeps dropped completions in the loss with a zero "
+                    f"advantage, but {what} would still make them contribute; use noise_mask_normalizer='kept', or "
+                    "beta=0, entropy_coef=0, use_adaptive_entropy=False and top_entropy_quantile=1."
+                )
         if self.max_steps == 0 or (self.max_steps < 0 and self.num_train_epochs <= 0):
             raise ValueError(
                 f"CAPOConfig.max_steps={self.max_steps} with num_train_epochs={self.num_train_epochs} trains nothing; "

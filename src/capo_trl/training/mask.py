@@ -37,6 +37,8 @@ class NoiseMask:
                 if math.isfinite(high) and math.isfinite(low):
                     self.measured = (high, low)
                     self.samples.clear()
+                    if low > high and cfg.noise_mask_side == "both":
+                        self._warn_once("overlap", overlap_warning(high, low, "ref_thresholds='auto'"))
         if self.measured is None and len(self.samples) >= cfg.ref_calibration_steps:
             self._warn_once("unmeasured", (
                 f"ref_thresholds='auto' measured no mask thresholds after {len(self.samples)} generation batch(es): "
@@ -58,11 +60,11 @@ class NoiseMask:
         thresholds = self.thresholds(rewards, ref_ppl, training)
         if thresholds is None:
             return None, 0.0
-        keep = noise_mask(rewards, ref_ppl, *thresholds, self.config.correct_threshold)
+        keep = noise_mask(rewards, ref_ppl, *thresholds, self.config.correct_threshold, self.config.noise_mask_side)
         correct = rewards >= self.config.correct_threshold
         wrong = rewards < self.config.correct_threshold
         guarded = 0.0
-        for name, members, bound in (("correct", correct, "ref_high"), ("wrong", wrong, "ref_low")):
+        for name, members, bound in self._sides(correct, wrong):
             if members.any() and not (keep & members).any():
                 guard = self.config.noise_mask_guard
                 if guard:
@@ -91,11 +93,19 @@ class NoiseMask:
         if not self.config.noise_mask_guard or thresholds is None:
             return out
         unscored = torch.isnan(ref_ppl)
-        keep = noise_mask(rewards, ref_ppl, *thresholds, self.config.correct_threshold) & ~unscored
-        for members in (rewards >= self.config.correct_threshold, rewards < self.config.correct_threshold):
+        keep = noise_mask(rewards, ref_ppl, *thresholds, self.config.correct_threshold,
+                          self.config.noise_mask_side) & ~unscored
+        for _, members, _ in self._sides(rewards >= self.config.correct_threshold,
+                                         rewards < self.config.correct_threshold):
             if (members & unscored).any() and not (keep & members).any():
                 out |= members & unscored
         return out
+
+    def _sides(self, correct: torch.Tensor, wrong: torch.Tensor) -> list[tuple[str, torch.Tensor, str]]:
+        """(class, members, its threshold) of each class the mask may drop (``noise_mask_side``)."""
+        side = self.config.noise_mask_side
+        return [(name, members, bound) for name, members, bound in
+                (("correct", correct, "ref_high"), ("wrong", wrong, "ref_low")) if side in ("both", name)]
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self.warned:
@@ -111,3 +121,12 @@ class NoiseMask:
         self.measured = tuple(measured) if measured is not None else None
         self.samples = [tuple(pair) for pair in state["threshold_samples"]]
         self.warned = set(state["warned"])
+
+
+def overlap_warning(ref_high: float, ref_low: float, source: str) -> str:
+    """Why thresholds with ``ref_low > ref_high`` deserve a look before training with them."""
+    return (f"noise mask thresholds from {source} overlap: ref_low={ref_low:.4g} > ref_high={ref_high:.4g}. Every kept "
+            "correct answer then has a lower reference perplexity than every kept wrong one, so the mask keeps only "
+            "what the reference already ranks perfectly (a well calibrated reference gives this under the quartile "
+            "rule). Check the thresholds (`capo-trl calibrate-mask` on more prompts), mask one side only "
+            "(noise_mask_side), or set noise_mask=False.")

@@ -22,7 +22,8 @@ def settings_section(args, method_args) -> str:
               "num_generations": args.num_generations}
     if args.noise_mask:
         fields.update(ref_thresholds=args.ref_thresholds, ref_high=args.ref_high, ref_low=args.ref_low,
-                      correct_threshold=args.correct_threshold)
+                      correct_threshold=args.correct_threshold, noise_mask_side=args.noise_mask_side,
+                      noise_mask_normalizer=args.noise_mask_normalizer)
     if args.method_kwargs:
         fields["method_kwargs"] = args.method_kwargs
     rows = "\n".join(f"| `{k}` | `{v!r}` |" for k, v in fields.items())

@@ -139,8 +139,8 @@ class CAPOTrainer(CheckpointedState, MethodLosses, ReferenceScoring, GRPOTrainer
         self._mask = NoiseMask(args) if args.noise_mask else None
         # TRL averages an entropy bonus over the mask's kept rows, so unscored (kept) tied rows would change it
         entropy_bonus = args.entropy_coef != 0.0 or args.use_adaptive_entropy
-        exact = (args.loss_type in MASK_FREE_NORMALISER and args.beta == 0.0 and args.top_entropy_quantile == 1.0
-                 and not entropy_bonus)
+        normaliser_free = args.loss_type in MASK_FREE_NORMALISER or args.noise_mask_normalizer == "unmasked"
+        exact = normaliser_free and args.beta == 0.0 and args.top_entropy_quantile == 1.0 and not entropy_bonus
         self._ref_scoring = args.ref_scoring if args.ref_scoring != "auto" else "needed" if exact else "all"
         self._loss_inputs = None  # the micro-batch whose loss is being computed, for the token_logps hook
         self.method = resolve_method(args.advantage_estimator)(args)
@@ -231,10 +231,11 @@ class CAPOTrainer(CheckpointedState, MethodLosses, ReferenceScoring, GRPOTrainer
         if keep is not None:
             advantages = advantages * (keep if advantages.dim() == 1 else keep.unsqueeze(1))
             per_sample = per_sample * keep
-            keep_local = keep[local].to(out["completion_mask"].dtype).unsqueeze(1)
-            out["completion_mask"] = out["completion_mask"] * keep_local
-            loss_mask = loss_mask * keep_local
-            out["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+            if args.noise_mask_normalizer == "kept":  # else a dropped row stays, with a zero advantage
+                keep_local = keep[local].to(out["completion_mask"].dtype).unsqueeze(1)
+                out["completion_mask"] = out["completion_mask"] * keep_local
+                loss_mask = loss_mask * keep_local
+                out["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         mine = advantages[local] if advantages.dim() == 1 else advantages[local, : out["completion_ids"].size(1)]
         out["advantages"] = mine.to(trl_advantages.dtype)
         self._replace_logged_advantages(per_sample)
