@@ -382,7 +382,8 @@ def add_train_parser(subparsers) -> None:
     # --config and several hundred fields: prefix_chars="+" stops argparse from reading them as its options.
     p = subparsers.add_parser(
         "train", help="train CAPO (or GRPO) from a YAML recipe and flags: every CAPOConfig/ModelConfig field",
-        description="capo-trl train [--config RECIPE.yaml] [--field value ...]; see `capo-trl train --help`.",
+        description="capo-trl train [--config RECIPE.yaml] [--field value ...] [--accelerate_config NAME|PATH "
+                    "[--num_processes N]]; see `capo-trl train --help`.",
         add_help=False, prefix_chars="+",
     )
     p.add_argument("train_args", nargs=argparse.REMAINDER, help="--config RECIPE.yaml and field overrides")
@@ -390,6 +391,10 @@ def add_train_parser(subparsers) -> None:
 
 
 def run_train(args) -> int:
+    from .launch import launch, wants_launch
+
+    if wants_launch(args.train_args):  # --accelerate_config: N processes, each running this command
+        return launch(args.train_args)
     from .train import parse_args, run_and_end
 
     try:

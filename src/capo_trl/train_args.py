@@ -139,7 +139,10 @@ def make_parser(prog: str = "capo-trl train"):
     return Parser(
         (ScriptArguments, CAPOConfig, ModelConfig), prog=prog,
         description="Train CAPOTrainer. --config RECIPE.yaml reads a YAML mapping of any of the fields below "
-                    "(examples/recipes/); flags override it. Without a model: the embedded default (CPU, minutes).",
+                    "(examples/recipes/); flags override it. Without a model: the embedded default (CPU, minutes). "
+                    "--accelerate_config NAME|PATH (TRL's predefined configs: zero1/2/3, fsdp1/2, multi_gpu, "
+                    "single_gpu) launches through accelerate; flags that are not fields below (--num_processes N, "
+                    "--mixed_precision, --main_process_port...) go to `accelerate launch`.",
     )
 
 
@@ -196,6 +199,10 @@ def parse_args(argv: list[str] | None = None):
     Precedence: flags > recipe > embedded-default settings (only when no model is named) > CAPOConfig.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    from .launch import FLAG, split_args
+
+    if FLAG in argv:  # the launch's own flags are accelerate's, not fields (capo_trl.launch)
+        argv = split_args(argv)[1]
     parser = make_parser()
     helping = any(a in ("-h", "--help") for a in argv)  # --help shows the dataclasses' defaults, as documented
     config = _config_file(argv)
