@@ -173,8 +173,12 @@ def _config_file(argv: list[str]) -> dict:
             config = yaml.safe_load(f)
     except OSError as err:
         raise ValueError(f"Cannot read recipe {path}: {err.strerror}.") from err
-    except yaml.YAMLError as err:
-        raise ValueError(f"Recipe {path} is not valid YAML: {err}") from err
+    except yaml.YAMLError as err:  # the parser's message spans lines: its problem and where, on one
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ValueError(f"Recipe {path} is not valid YAML: {problem}{where}; fix the file (one `field: value` "
+                         "per line).") from err
     if not isinstance(config, dict):
         raise ValueError(f"Recipe {path} must be a YAML mapping of field: value.")
     return config
