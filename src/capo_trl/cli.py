@@ -246,6 +246,9 @@ def add_demo_parser(subparsers) -> None:
     _add_budget_args(p, steps=200, test_problems=256)
     p.add_argument("--method", default="capo",
                    help="one method: a preset, optionally amended, e.g. capo:tau=0.5 (see `capo-trl compare --help`)")
+    p.add_argument("--plot", default="runs/demo.png", metavar="PNG",
+                   help="where to write the picture: reliability before/after and validation AUROC over steps "
+                        "(default runs/demo.png; replaced if there)")
     p.set_defaults(func=run_demo)
 
 
@@ -254,7 +257,12 @@ def run_demo(args) -> int:
     from .harness.demo import demo
 
     _quiet(args)
-    demo(_budget(args, val_every=max(1, args.steps // 2), val_problems=32), method=args.method)
+    plot = Path(args.plot)
+    if plot.suffix.lower() != ".png" or plot.is_dir():
+        from .errors import UsageError
+
+        raise UsageError(f"--plot {args.plot}: give a file name ending in .png.")
+    demo(_budget(args, val_every=max(1, args.steps // 2), val_problems=32), method=args.method, plot=plot)
     return 0
 
 
