@@ -81,8 +81,8 @@ class ScriptArguments:
     calibration_dataset: str | None = field(
         default=None,
         metadata={"help": "Monitor calibration during training (capo_trl.CalibrationCallback: validation accuracy, "
-                  "AUROC and ECE logged as val/*): a split of dataset_name (e.g. validation) or a local file. "
-                  "Default: off."},
+                  "AUROC and ECE logged as val/*; their curves written to output_dir/calibration_curves.png at the end): a "
+                  "split of dataset_name (e.g. validation) or a local file. Default: off."},
     )
     calibration_every: int = field(default=50, metadata={"help": "CalibrationCallback: every N optimizer steps."})
     calibration_samples: int = field(default=8, metadata={"help": "CalibrationCallback: samples per problem."})
