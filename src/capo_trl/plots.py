@@ -93,7 +93,7 @@ def demo_figure(before, after, history: list[dict], path, n: int, title: str) ->
         axes[2].plot(steps, [h.get(f"val/mean@{n}", math.nan) for h in history], marker="s", linestyle="--",
                      color="gray", label="accuracy")
         axes[2].axhline(0.5, color="gray", linestyle=":", linewidth=1)
-        axes[2].set(xlabel="step", ylim=(-0.02, 1.02), title="validation AUROC during training")
+        axes[2].set(xlabel="step", ylim=(-0.02, 1.02), title="validation AUROC and accuracy")
         axes[2].legend(fontsize="small")
     fig.suptitle(title)
     return _save(fig, path)
