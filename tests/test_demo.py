@@ -59,7 +59,7 @@ def test_methods_parse_with_amendments_and_reject_typos():
 def test_demo_compare_and_calibrate_mask_run_end_to_end(tmp_path, capsys):
     torch.manual_seed(0)
     budget = ["--steps", "2", "--test_problems", "8", "--test_samples", "2", "--no_progress"]
-    assert main(["demo", *budget]) == 0
+    assert main(["demo", *budget, "--plot", str(tmp_path / "demo.png")]) == 0
     printed = capsys.readouterr().out
     assert "before" in printed and "after" in printed and "auroc_question" in printed
     assert "CAPO does not beat GRPO on calibration" in printed  # what the evidence supports, said plainly

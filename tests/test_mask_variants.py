@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from test_trainer import make
+from test_trainer import make, mask_warns
 
 from capo_trl import CAPOConfig, noise_mask
 from capo_trl.harness.calibrate_mask import caveats
@@ -53,20 +53,20 @@ def test_one_sided_presets():
             {k: v for k, v in PRESETS["capo"].items() if k != "noise_mask"}
 
 
-def test_one_sided_guard_never_touches_the_other_class():
+def test_one_sided_guard_never_touches_the_other_class(caplog):
     # every correct answer dropped: the guard keeps them; a wrong one at PPL 1.01 is never judged with side="correct"
     mask = NoiseMask(config(ref_high=1.1, ref_low=1.05, noise_mask_side="correct"))
-    with pytest.warns(UserWarning, match="every correct completion"):
+    with mask_warns(caplog, "every correct completion"):
         keep, guarded = mask(torch.tensor([1.0, 1.0, 0.0]), torch.tensor([3.0, 2.0, 1.01]), training=True)
     assert keep.tolist() == [True, True, True] and guarded == pytest.approx(2 / 3)
     assert "wrong" not in mask.warned
 
 
-def test_overlapping_measured_thresholds_warn_once():
+def test_overlapping_measured_thresholds_warn_once(caplog):
     mask = NoiseMask(config(ref_thresholds="auto"))
     rewards = torch.tensor([1.0] * 4 + [0.0] * 4)
     ppl = torch.tensor([1.00, 1.01, 1.02, 1.03, 1.50, 1.60, 1.70, 1.80])  # a perfectly calibrated reference
-    with pytest.warns(UserWarning, match=r"overlap: ref_low=1\.575 > ref_high=1\.02"):
+    with mask_warns(caplog, r"overlap: ref_low=1\.575 > ref_high=1\.02"):
         mask(rewards, ppl, training=True)
     high, low = mask.measured
     assert low > high and "overlap" in mask.warned

@@ -1,6 +1,9 @@
 """CAPOTrainer end to end on a tiny offline Qwen2 (CPU), and the drop-in guarantee."""
 
+import contextlib
+import logging
 import math
+import re
 import warnings
 
 import pytest
@@ -30,6 +33,16 @@ def params(trainer):
     return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
 
 
+@contextlib.contextmanager
+def mask_warns(caplog, pattern: str):
+    """The noise mask's warning matching ``pattern``, logged (accelerate's logger, main process) exactly once."""
+    with caplog.at_level(logging.WARNING, logger="capo_trl.training.mask"):
+        yield
+    hits = [r for r in caplog.records if r.name == "capo_trl.training.mask" and re.search(pattern, r.getMessage())]
+    assert len(hits) == 1, [r.getMessage()[:120] for r in caplog.records if r.name == "capo_trl.training.mask"]
+    caplog.clear()
+
+
 def logged(trainer, name):
     return [h[name] for h in trainer.state.log_history if name in h]
 
@@ -48,11 +61,11 @@ def assert_trains(trainer, trainable_only=False, generations=None):
     assert any(v is not None for v in logged(trainer, "capo/auroc"))
 
 
-def test_defaults_separate_reference_and_loud_warning(tiny_model_dir, tmp_path):
+def test_defaults_separate_reference_and_loud_warning(tiny_model_dir, tmp_path, caplog):
     trainer = make(tiny_model_dir, tmp_path)
     assert trainer.args.noise_mask and trainer.beta == 0.0 and trainer.ref_model is None
     assert trainer._capo_ref_model is not None
-    with pytest.warns(UserWarning, match=r"would drop every correct completion.*ref_high=2.5.*kept them"):
+    with mask_warns(caplog, r"would drop every correct completion.*ref_high=2.5.*kept them"):
         assert_trains(trainer)
     ppl = logged(trainer, "capo/ref_ppl_mean")
     assert len(ppl) == 3 and all(p > 2.5 for p in ppl)  # why the paper's thresholds fail on a random model
@@ -227,18 +240,18 @@ def test_infinite_reward_names_the_function(tiny_model_dir, tmp_path):
         trainer.train()
 
 
-def test_auto_thresholds_say_when_they_cannot_measure(tiny_model_dir, tmp_path):
+def test_auto_thresholds_say_when_they_cannot_measure(tiny_model_dir, tmp_path, caplog):
     def constant_reward(completions, **kwargs):
         return [1.0] * len(completions)
 
     trainer = make(tiny_model_dir, tmp_path, reward=constant_reward, noise_mask=True, ref_thresholds="auto",
                    max_steps=2)
-    with pytest.warns(UserWarning, match=r"measured no mask thresholds after 1 generation batch.*stays off"):
+    with mask_warns(caplog, r"measured no mask thresholds after 1 generation batch.*stays off"):
         trainer.train()
     assert trainer._mask.measured is None and not logged(trainer, "capo/ref_high")
 
 
-def test_the_default_mask_never_silently_stops_learning(tiny_model_dir, tmp_path):
+def test_the_default_mask_never_silently_stops_learning(tiny_model_dir, tmp_path, caplog):
     """Real-valued rewards all >= correct_threshold count as correct; the paper's ref_high drops them all
     on a model whose reference PPL is ~75. The guard keeps that batch in the loss (and says so)."""
     def length_reward(completions, **kwargs):
@@ -246,13 +259,13 @@ def test_the_default_mask_never_silently_stops_learning(tiny_model_dir, tmp_path
 
     trainer = make(tiny_model_dir, tmp_path / "guard", reward=length_reward)
     before = params(trainer)
-    with pytest.warns(UserWarning, match="noise_mask_guard"):
+    with mask_warns(caplog, "noise_mask_guard"):
         trainer.train()
     assert all(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
     assert logged(trainer, "capo/mask_guard_kept") == [1.0, 1.0, 1.0] and set(logged(trainer, "capo/kept_frac")) == {1.0}
     literal = make(tiny_model_dir, tmp_path / "literal", reward=length_reward, noise_mask_guard=False)
     before = params(literal)
-    with pytest.warns(UserWarning, match="training without correct answers"):
+    with mask_warns(caplog, "training without correct answers"):
         literal.train()
     assert all(torch.equal(before[n], p) for n, p in literal.model.named_parameters())  # what the guard prevents
     assert set(logged(literal, "capo/kept_frac")) == {0.0}

@@ -118,13 +118,15 @@ def add_eval_parser(subparsers) -> None:
     p.add_argument("--limit", type=int, default=None, help="evaluate the first N problems only")
     p.add_argument("--n", type=int, default=16, help="samples per problem (default 16)")
     p.add_argument("--ks", type=int, nargs="+", default=None, help="k values of pass@k / maj@k (default 1,2,4..n)")
-    p.add_argument("--max_new_tokens", type=int, default=1024)
+    p.add_argument("--max_new_tokens", type=int, default=1024,
+                   help="most tokens sampled per completion (default 1024)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling and log-prob temperature (0: greedy)")
     p.add_argument("--top_p", type=float, default=1.0, help="nucleus sampling, in (0, 1] (1: off)")
     p.add_argument("--top_k", type=int, default=0, help="0 disables top-k")
     p.add_argument("--batch_size", type=int, default=64, help="sequences per generate() call")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--backend", default="transformers", choices=["transformers", "vllm"])
+    p.add_argument("--seed", type=int, default=0, help="sampling seed: the same seed gives the same samples (default 0)")
+    p.add_argument("--backend", default="transformers", choices=["transformers", "vllm"],
+                   help="generation engine: transformers (any device) or vllm (CUDA, pip install 'capo-trl[vllm]')")
     p.add_argument("--device", default=None, help="e.g. cuda, cuda:1, cpu (default: cuda if available)")
     p.add_argument("--out", required=True, help="output directory (new or empty, unless --overwrite)")
     p.add_argument("--overwrite", action="store_true",
@@ -197,8 +199,10 @@ def run_eval(args) -> int:
     if args.target_precision is not None:
         m, bound = result.metrics, result.config["selective_bound"]
         if not math.isfinite(m["selective/threshold"]):
+            from ..evaluation.certify import advice
+
             print(f"no threshold meets precision >= {args.target_precision} at 95% confidence on the calibration split "
-                  f"(bound by {bound}): always abstain")
+                  f"(bound by {bound}): always abstain; {advice(args.target_precision, len(calibration))}")
         else:
             print(f"answer only where s >= {m['selective/threshold']:.4f} (P(correct) >= "
                   f"{m['selective/probability']:.4f}; chosen for precision >= {args.target_precision} at 95% "
@@ -242,6 +246,9 @@ def add_demo_parser(subparsers) -> None:
     _add_budget_args(p, steps=200, test_problems=256)
     p.add_argument("--method", default="capo",
                    help="one method: a preset, optionally amended, e.g. capo:tau=0.5 (see `capo-trl compare --help`)")
+    p.add_argument("--plot", default="runs/demo.png", metavar="PNG",
+                   help="where to write the picture: reliability before/after and validation AUROC over steps "
+                        "(default runs/demo.png; replaced if there)")
     p.set_defaults(func=run_demo)
 
 
@@ -250,7 +257,12 @@ def run_demo(args) -> int:
     from ..harness.demo import demo
 
     _quiet(args)
-    demo(_budget(args, val_every=max(1, args.steps // 2), val_problems=32), method=args.method)
+    plot = Path(args.plot)
+    if plot.suffix.lower() != ".png" or plot.is_dir():
+        from ..errors import UsageError
+
+        raise UsageError(f"--plot {args.plot}: give a file name ending in .png.")
+    demo(_budget(args, val_every=max(1, args.steps // 2), val_problems=32), method=args.method, plot=plot)
     return 0
 
 
@@ -283,9 +295,10 @@ def add_compare_parser(subparsers) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="start again in a non-empty --out: forget its saved runs (other files are kept)")
     p.add_argument("--val_every", type=int, default=25, help="validation every N steps")
-    p.add_argument("--val_problems", type=int, default=64)
-    p.add_argument("--val_samples", type=int, default=4)
-    p.add_argument("--learning_rate", type=float, default=None)
+    p.add_argument("--val_problems", type=int, default=64, help="validation problems per validation (default 64)")
+    p.add_argument("--val_samples", type=int, default=4, help="samples per validation problem (default 4)")
+    p.add_argument("--learning_rate", type=float, default=None,
+                   help="learning rate of every run (default: the training budget's, capo_trl.defaults)")
     _add_budget_args(p, steps=200, test_problems=256)
     p.set_defaults(func=run_compare)
 
@@ -384,7 +397,8 @@ def add_train_parser(subparsers) -> None:
     # --config and several hundred fields: prefix_chars="+" stops argparse from reading them as its options.
     p = subparsers.add_parser(
         "train", help="train CAPO (or GRPO) from a YAML recipe and flags: every CAPOConfig/ModelConfig field",
-        description="capo-trl train [--config RECIPE.yaml] [--field value ...]; see `capo-trl train --help`.",
+        description="capo-trl train [--config RECIPE.yaml] [--field value ...] [--accelerate_config NAME|PATH "
+                    "[--num_processes N]]; see `capo-trl train --help`.",
         add_help=False, prefix_chars="+",
     )
     p.add_argument("train_args", nargs=argparse.REMAINDER, help="--config RECIPE.yaml and field overrides")
@@ -392,12 +406,16 @@ def add_train_parser(subparsers) -> None:
 
 
 def run_train(args) -> int:
+    from .launch import launch, wants_launch
+
+    if wants_launch(args.train_args):  # --accelerate_config: N processes, each running this command
+        return launch(args.train_args)
     from .train import parse_args, run_and_end
 
     try:
         parsed = parse_args(args.train_args)  # a bad recipe or flag is a clean error, not a traceback
     except ValueError as err:
-        print(f"capo-trl train: {err}", file=sys.stderr)
+        print(f"capo-trl train: {' '.join(str(err).split())}", file=sys.stderr)  # one line, whatever it quotes
         return 2
     run_and_end(*parsed)
     return 0

@@ -161,6 +161,16 @@ def _clear_output_dir(path: str) -> None:
         shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
 
 
+def _plot_calibration(trainer, output_dir: str) -> None:
+    """With ``calibration_dataset``: the CalibrationCallback's curves as output_dir/calibration_curves.png."""
+    from ..evaluation.callbacks import CalibrationCallback
+
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, CalibrationCallback) and callback.history and trainer.accelerator.is_main_process:
+            path = callback.plot(Path(output_dir) / "calibration_curves.png")
+            trainer.accelerator.print(f"capo-trl train: calibration curves (AUROC, accuracy per step) written to {path}")
+
+
 def run(script_args: ScriptArguments, training_args: CAPOConfig, model_args):
     """Train, then save the final model (the adapter only, under PEFT) to output_dir; returns the trainer."""
     preflight(script_args, training_args, model_args)
@@ -175,6 +185,7 @@ def run(script_args: ScriptArguments, training_args: CAPOConfig, model_args):
         raise UsageError("training ran 0 steps (the dataset yielded no complete batch); nothing was saved. Add rows, "
                          "or lower per_device_train_batch_size.")
     trainer.save_model(training_args.output_dir)
+    _plot_calibration(trainer, training_args.output_dir)
     n = trainer.accelerator.num_processes
     trainer.accelerator.print(f"capo-trl train: {trainer.state.global_step} steps on {n} process{'es' * (n > 1)}, "
                               f"model saved to {training_args.output_dir}")

@@ -9,6 +9,7 @@ bad recipe fails before an hour of loading. :mod:`capo_trl.cli.train` builds and
 from __future__ import annotations
 
 import difflib
+import importlib.resources
 import os
 import sys
 from dataclasses import dataclass, field
@@ -81,8 +82,8 @@ class ScriptArguments:
     calibration_dataset: str | None = field(
         default=None,
         metadata={"help": "Monitor calibration during training (capo_trl.CalibrationCallback: validation accuracy, "
-                  "AUROC and ECE logged as val/*): a split of dataset_name (e.g. validation) or a local file. "
-                  "Default: off."},
+                  "AUROC and ECE logged as val/*; their curves written to output_dir/calibration_curves.png at the end): a "
+                  "split of dataset_name (e.g. validation) or a local file. Default: off."},
     )
     calibration_every: int = field(default=50, metadata={"help": "CalibrationCallback: every N optimizer steps."})
     calibration_samples: int = field(default=8, metadata={"help": "CalibrationCallback: samples per problem."})
@@ -139,7 +140,10 @@ def make_parser(prog: str = "capo-trl train"):
     return Parser(
         (ScriptArguments, CAPOConfig, ModelConfig), prog=prog,
         description="Train CAPOTrainer. --config RECIPE.yaml reads a YAML mapping of any of the fields below "
-                    "(examples/recipes/); flags override it. Without a model: the embedded default (CPU, minutes).",
+                    "(examples/recipes/); flags override it. Without a model: the embedded default (CPU, minutes). "
+                    "--accelerate_config NAME|PATH (TRL's predefined configs: zero1/2/3, fsdp1/2, multi_gpu, "
+                    "single_gpu) launches through accelerate; flags that are not fields below (--num_processes N, "
+                    "--mixed_precision, --main_process_port...) go to `accelerate launch`.",
     )
 
 
@@ -170,8 +174,12 @@ def _config_file(argv: list[str]) -> dict:
             config = yaml.safe_load(f)
     except OSError as err:
         raise ValueError(f"Cannot read recipe {path}: {err.strerror}.") from err
-    except yaml.YAMLError as err:
-        raise ValueError(f"Recipe {path} is not valid YAML: {err}") from err
+    except yaml.YAMLError as err:  # the parser's message spans lines: its problem and where, on one
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ValueError(f"Recipe {path} is not valid YAML: {problem}{where}; fix the file (one `field: value` "
+                         "per line).") from err
     if not isinstance(config, dict):
         raise ValueError(f"Recipe {path} must be a YAML mapping of field: value.")
     return config
@@ -196,6 +204,8 @@ def parse_args(argv: list[str] | None = None):
     Precedence: flags > recipe > embedded-default settings (only when no model is named) > CAPOConfig.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    if FLAG in argv:  # the launch's own flags are accelerate's, not fields (capo_trl.cli.launch)
+        argv = split_args(argv)[1]
     parser = make_parser()
     helping = any(a in ("-h", "--help") for a in argv)  # --help shows the dataclasses' defaults, as documented
     config = _config_file(argv)
@@ -310,4 +320,48 @@ def _resume_target(value):
     return value or None
 
 
-__all__ = ["ScriptArguments", "make_parser", "embedded_defaults", "parse_args", "check_args", "preflight"]
+
+# ------------------------------------------------------------------------------------ launch flags
+FLAG = "--accelerate_config"
+
+
+def predefined_configs() -> list[str]:
+    """The names TRL ships in ``trl/accelerate_configs`` (without ``.yaml``)."""
+    files = importlib.resources.files("trl.accelerate_configs").iterdir()
+    return sorted(f.name.removesuffix(".yaml") for f in files if f.name.endswith(".yaml"))
+
+
+def _without(argv: list[str], taken: list[str]) -> list[str]:
+    """``argv`` less ``taken``, an ordered subsequence of it (argparse's unknown strings keep their order)."""
+    rest, pending = [], list(taken)
+    for arg in argv:
+        if pending and arg == pending[0]:
+            pending.pop(0)
+        else:
+            rest.append(arg)
+    return rest
+
+
+def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(accelerate launch arguments, capo-trl train arguments) of ``argv``; the config name is resolved."""
+    from trl.cli.accelerate_config import resolve_accelerate_config_argument
+
+    index = argv.index(FLAG)
+    if index + 1 >= len(argv) or argv[index + 1].startswith("--"):
+        raise UsageError(f"{FLAG} needs a value: one of {', '.join(predefined_configs())}, or a config file path.")
+    rest = argv[:index] + argv[index + 2:]
+    recipe = []
+    if "--config" in rest and rest.index("--config") + 1 < len(rest):  # TrlParser reads it itself
+        at = rest.index("--config")
+        recipe, rest = rest[at:at + 2], rest[:at] + rest[at + 2:]
+    _, unknown = make_parser().parse_known_args(rest)
+    try:
+        launch = resolve_accelerate_config_argument([FLAG, argv[index + 1], *unknown])
+    except ValueError as err:
+        raise UsageError(f"{FLAG} {argv[index + 1]}: neither a file nor a predefined config; give one of "
+                         f"{', '.join(predefined_configs())}, or a config file path.") from err
+    return launch, recipe + _without(rest, unknown)
+
+
+__all__ = ["FLAG", "ScriptArguments", "check_args", "embedded_defaults", "make_parser", "parse_args",
+           "predefined_configs", "preflight", "split_args"]

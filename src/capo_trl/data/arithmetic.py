@@ -12,8 +12,10 @@ import hashlib
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from datasets import Dataset
+if TYPE_CHECKING:  # imported where used: `capo-trl --help` must not load datasets (seconds)
+    from datasets import Dataset
 
 SPLITS = ("train", "validation", "test")
 # Fractions of the problem space assigned to each split by hash; train gets the rest.
@@ -97,6 +99,8 @@ def arithmetic_dataset(split: str = "train", n: int = 1000, seed: int = 0, task:
         seen.add(row["problem"])
         rows.append({"prompt": row["problem"], **{k: v for k, v in row.items() if k != "problem"}})
         if len(rows) == n:
+            from datasets import Dataset
+
             return Dataset.from_list(rows)
     raise ValueError(
         f"Could only generate {len(rows)} distinct {split} problems of {n} asked for with {task}; "

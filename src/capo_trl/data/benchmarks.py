@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from datasets import Dataset
+if TYPE_CHECKING:  # imported where used: `capo-trl --help` must not load datasets (seconds)
+    from datasets import Dataset
 
 from ..errors import UsageError
 from .tasks import TASKS, get_task
@@ -259,6 +261,8 @@ def _load_hub(spec: BenchmarkSpec, split: str) -> Dataset:
 def _load_local(path: Path) -> Dataset:
     """JSON is read with the json module, not ``load_dataset('json')``: gold answers mix strings,
     numbers and lists across rows, which Arrow's per-file schema inference rejects."""
+    from datasets import Dataset
+
     suffix = path.suffix.lower()
     if suffix in (".csv", ".parquet"):
         try:
@@ -342,6 +346,8 @@ def normalise(ds: Dataset, mapping: dict, template: str = DEFAULT_TEMPLATE, *, n
             out["solution"] = ds[mapping["solution"]]
         used = {mapping.get(role) for role in TRAIN_ROLES}
         out.update({col: ds[col] for col in ds.column_names if col not in out and col not in used})
+    from datasets import Dataset
+
     return Dataset.from_dict(out)
 
 

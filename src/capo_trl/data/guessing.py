@@ -15,8 +15,10 @@ import hashlib
 import random
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from datasets import Dataset
+if TYPE_CHECKING:  # imported where used: `capo-trl --help` must not load datasets (seconds)
+    from datasets import Dataset
 
 from .arithmetic import ARITHMETIC_CHARS, SPLITS, ArithmeticTask, arithmetic_dataset
 
@@ -110,6 +112,8 @@ def guess_dataset(split: str = "train", n: int = 1000, seed: int = 0, task: Gues
             derived.append({**row, "solutions": [row["solution"]], "guessable": False})
     rows = guessed + derived
     rng.shuffle(rows)
+    from datasets import Dataset
+
     return Dataset.from_list(rows)
 
 

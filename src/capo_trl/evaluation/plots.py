@@ -76,6 +76,29 @@ def reliability_before_after(result, path) -> Path:
     return _save(fig, path)
 
 
+def demo_figure(before, after, history: list[dict], path, n: int, title: str) -> Path:
+    """``capo-trl demo``'s picture: reliability of exp(s) before and after training, and, when validation
+    ran at two steps or more, the validation AUROC against step (``history``: CalibrationCallback's)."""
+    curves = len(history) >= 2
+    fig = new_figure(4.2 * (2 + curves), 3.8)
+    axes = fig.subplots(1, 2 + curves)
+    for ax, (when, result) in zip(axes, (("before", before), ("after", after))):
+        _reliability_bars(ax, result.curves["reliability"], "confidence exp(s)",
+                          f"{when}: AUROC {result.metrics['auroc']:.3f}, ECE {result.metrics['ece']:.3f}")
+    axes[0].legend(loc="upper left", fontsize="small")
+    if curves:
+        steps = [h["step"] for h in history]
+        for key, label in (("val/auroc", "pooled"), ("val/auroc_question", "per question")):
+            axes[2].plot(steps, [h.get(key, math.nan) for h in history], marker="o", label=label)
+        axes[2].plot(steps, [h.get(f"val/mean@{n}", math.nan) for h in history], marker="s", linestyle="--",
+                     color="gray", label="accuracy")
+        axes[2].axhline(0.5, color="gray", linestyle=":", linewidth=1)
+        axes[2].set(xlabel="step", ylim=(-0.02, 1.02), title="validation AUROC and accuracy")
+        axes[2].legend(fontsize="small")
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
 # ------------------------------------------------------------------------------------ during training
 def calibration_history(history: list[dict], path, prefix: str = "val/", n: int = 8) -> Path:
     """CalibrationCallback's history: AUROC (pooled, per question, per draw) and accuracy against step."""
@@ -137,6 +160,6 @@ def precision_coverage_by_method(curves: dict, path) -> Path:
     return _save(fig, path)
 
 
-__all__ = ["calibration_history", "new_figure", "precision_coverage", "precision_coverage_by_method", "reliability",
+__all__ = ["calibration_history", "demo_figure", "new_figure", "precision_coverage", "precision_coverage_by_method", "reliability",
            "reliability_before_after",
            "validation_curves"]

@@ -65,8 +65,10 @@ capo-trl compare --task guess-half --methods grpo,capo,capo-nomask --steps 600 -
 --test_problems 512 --val_every 100 --out DIR   (6-9 minutes a run on one core)."""
 
 
-def demo(budget: Budget | None = None, method: str = "capo") -> dict:
+def demo(budget: Budget | None = None, method: str = "capo", plot: str | Path | None = None) -> dict:
     """Before/after accuracy and calibration of one method on the embedded default (CPU, minutes).
+
+    ``plot``: where to write the PNG (reliability before/after, validation AUROC over steps); None: none.
 
     The method and the budget are checked first (a UsageError naming ``--method`` or the budget
     flag), so a typo fails at once, not after the first evaluation.
@@ -81,7 +83,7 @@ def demo(budget: Budget | None = None, method: str = "capo") -> dict:
     (label, overrides), = methods
     before = runs.evaluate_start(budget)
     with tempfile.TemporaryDirectory() as tmp:  # nothing is saved: the demo only reports
-        _, _, after = runs.train_method(overrides, 0, budget, Path(tmp))
+        _, history, after = runs.train_method(overrides, 0, budget, Path(tmp))
     report = {"before": headline(before.metrics, budget.test_samples),
               "after": headline(after.metrics, budget.test_samples)}
     print(f"\n{label} on the embedded task {budget.task}: {budget.steps} RL steps; test split "
@@ -90,6 +92,12 @@ def demo(budget: Budget | None = None, method: str = "capo") -> dict:
     for when, values in report.items():
         print(f"{when:>8} " + " ".join(f"{values[k]:>15.4f}" for k in HEADLINE))
     print(EVIDENCE[budget.task] if budget.task in EVIDENCE else testbed_evidence())
+    if plot is not None:
+        from ..evaluation.plots import demo_figure
+
+        path = demo_figure(before, after, history, plot, budget.val_samples,
+                           f"{label} on {budget.task}, {budget.steps} RL steps (test split)")
+        print(f"\nwrote {path}")
     return report
 
 

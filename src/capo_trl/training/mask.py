@@ -8,11 +8,15 @@ checkpoint can carry it.
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
+from accelerate import PartialState
+from accelerate.logging import get_logger
 
 from ..advantages import noise_mask, quartile_thresholds
+
+# accelerate's logger: a warning is written by the main process only, not once per process
+logger = get_logger(__name__)
 
 
 class NoiseMask:
@@ -110,7 +114,8 @@ class NoiseMask:
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self.warned:
             self.warned.add(key)
-            warnings.warn(message, stacklevel=4)
+            PartialState()  # the trainer's state (a bare NoiseMask gets a single-process one): needed to log
+            logger.warning(message, main_process_only=True)
 
     def state_dict(self) -> dict:
         return {"measured_thresholds": self.measured, "threshold_samples": list(self.samples),

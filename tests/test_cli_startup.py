@@ -1,0 +1,40 @@
+"""`capo-trl --help` and a usage error answer without loading torch, transformers, TRL or datasets."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+HEAVY = ("torch", "transformers", "trl", "datasets", "accelerate", "peft", "sklearn", "matplotlib", "pandas")
+
+
+def _imported(args: list[str]) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """Run ``python -X importtime -m capo_trl ARGS``; the top-level names of every module it imported."""
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "capo_trl", *args], capture_output=True,
+                          text=True, env=env, timeout=120)
+    modules = {line.rsplit("|", 1)[1].strip().split(".")[0] for line in proc.stderr.splitlines()
+               if line.startswith("import time:") and "|" in line}
+    assert "capo_trl" in modules  # the probe sees the package's own imports
+    return proc, modules
+
+
+@pytest.mark.parametrize("args", [["--help"], ["eval", "--help"], ["calibrate-mask", "--help"]])
+def test_help_loads_no_heavy_library(args):
+    proc, modules = _imported(args)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "usage: capo-trl" in proc.stdout
+    assert sorted(modules & set(HEAVY)) == []
+
+
+@pytest.mark.parametrize("args", [["--bogus"], ["eval", "--model", "m", "--benchmark", "b", "--out", "o", "--bogus"],
+                                  ["demo", "--steps", "many"]])
+def test_a_bad_flag_is_one_line_without_heavy_libraries(args):
+    proc, modules = _imported(args)
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+    assert errors[-1].startswith("capo-trl") and "error:" in errors[-1]
+    assert sorted(modules & set(HEAVY)) == []
