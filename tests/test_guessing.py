@@ -171,3 +171,24 @@ def test_the_redraw_task_trains_with_its_own_reward_and_evaluates_the_gold():
     redraw, half = TASKS["guess-redraw"], TASKS["guess-half"]
     assert redraw.model_dir == half.model_dir
     assert redraw.dataset("test", 20).to_list() == half.dataset("test", 20).to_list()
+
+
+def test_the_test_bed_drivers_train_with_the_tasks_own_reward(monkeypatch, tmp_path):
+    from argparse import Namespace
+
+    from capo_trl.harness import pilot, runs, testbed
+    from capo_trl.rewards import redraw_reward
+
+    args = Namespace(task="guess-redraw", steps=1, val_every=1, test_problems=4, model="unused")
+    assert runs._reward(pilot.pilot_budget(args)) is redraw_reward
+
+    class Trained(Exception):
+        pass
+
+    def train_method(overrides, seed, budget, *rest, **kwargs):
+        assert runs._reward(budget) is redraw_reward
+        raise Trained
+
+    monkeypatch.setattr(runs, "train_method", train_method)
+    with pytest.raises(Trained):
+        testbed.run_one("guess-redraw", "grpo", 0, 1, 1, 4, str(tmp_path))

@@ -77,6 +77,14 @@ def render(start: dict, finals: dict[int, dict], result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def pilot_budget(args):
+    """The harness budget of a pilot's runs; the task names the training reward too (``guess-redraw``'s own)."""
+    from .presets import Budget
+
+    return Budget(task=args.task, steps=args.steps, val_every=args.val_every, test_problems=args.test_problems,
+                  model=args.model, progress=False)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", choices=[name for name in TASKS if name != "arithmetic"], required=True)
@@ -93,12 +101,11 @@ def main():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from . import runs
-    from .presets import PRESETS, Budget, check_budget
+    from .presets import PRESETS, check_budget
 
     torch.set_num_threads(args.threads)
     dataset = TASKS[args.task].dataset
-    budget = Budget(steps=args.steps, val_every=args.val_every, test_problems=args.test_problems, model=args.model,
-                    progress=False)
+    budget = pilot_budget(args)
     check_budget(budget)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

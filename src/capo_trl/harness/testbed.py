@@ -89,8 +89,8 @@ def run_one(task_name: str, label: str, seed: int, steps: int, val_every: int, t
         return f"{label} seed {seed}: reused"
     torch.set_num_threads(1)
     task = get_task(task_name)
-    budget = Budget(steps=steps, val_every=val_every, test_problems=test_problems, model=task.model_path(),
-                    progress=False)
+    budget = Budget(task=task_name, steps=steps, val_every=val_every, test_problems=test_problems,
+                    model=task.model_path(), progress=False)  # the task: its training reward too
     (_, overrides), = parse_methods(label)
     counts: Counter = Counter()
     t0 = time.time()
