@@ -3,6 +3,7 @@
 
 import inspect
 import subprocess
+import tomllib
 import sys
 from pathlib import Path
 
@@ -41,7 +42,8 @@ def test_python_dash_m_typed_package_and_one_version():
     assert out.returncode == 0 and out.stdout.strip() == f"capo-trl {capo_trl.__version__}"
     assert (Path(capo_trl.__file__).parent / "py.typed").is_file()
     pyproject = (ROOT / "pyproject.toml").read_text()
-    assert 'dynamic = ["version"]' in pyproject and capo_trl.__version__ not in pyproject
+    project = tomllib.loads(pyproject)["project"]
+    assert "version" in project["dynamic"] and "version" not in project and capo_trl.__version__ not in pyproject
     assert capo_trl.CalibrationCallback.__module__ == "capo_trl.evaluation.callbacks"
 
 
