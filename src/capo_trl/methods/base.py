@@ -160,6 +160,14 @@ class Method:
         """Per-run state, or None (the default: the method is a pure function of each batch)."""
         return None
 
+    def zero_rows_matter(self) -> str | None:
+        """Why rows with a zero advantage still change this method's loss (None: they add exactly zero).
+
+        By default a method's own :meth:`sequence_loss` may read every row (C2GSPG's calibration term
+        does); TRL's loss, with or without :meth:`token_logps` (row by row), multiplies each row by its advantage.
+        """
+        return "its sequence_loss reads every row's log-probs" if self.sequence_loss is not None else None
+
 
 # ------------------------------------------------------------------------------------ stated confidence
 def token_start(ids: Sequence[int], char_start: int, decode: Callable[[list[int]], str]) -> int | None:
