@@ -6,7 +6,13 @@ seed) and only the per-step overhead differs.
 Prints the CAPO/GRPO ratios, CAPO's own overhead ``(CAPO - GRPO - reference forward) / GRPO``,
 where the time goes, and (``--memory``) the peak resident memory of each variant, one process each.
 
+``--tied``: instead, the workload of late math RL, where half of the groups tie (every completion of
+a prompt right): a 4-layer, 384-wide Qwen2, 64 completions of up to 40 tokens a step. It prints
+CAPO (defaults: beta 0, mask on) / TRL GRPO and ``advantage_estimator="grpo"`` / TRL GRPO (default,
+and with ``skip_zero_advantage_rows=True``), with the fraction of rows the loss forward skipped.
+
     python benchmarks/bench_step.py [--rounds 5] [--steps 6] [--memory]
+    python benchmarks/bench_step.py --tied [--rounds 3] [--steps 5]
 """
 
 import argparse
@@ -43,6 +49,13 @@ PAIRS = [  # (CAPO variant, its GRPO baseline)
     ("capo beta=0 (mask, own reference, needed)", "grpo beta=0"),
     ("capo beta=0.04 (mask, TRL reference)", "grpo beta=0.04"),
 ]
+TIED = {  # the --tied workload's variants
+    "TRL GRPO": (GRPOTrainer, GRPOConfig, dict(beta=0.0)),
+    "CAPO defaults (mask on)": (CAPOTrainer, CAPOConfig, dict(beta=0.0)),
+    "CAPO grpo mode (default)": (CAPOTrainer, CAPOConfig, dict(beta=0.0, advantage_estimator="grpo")),
+    "CAPO grpo mode, skip on": (CAPOTrainer, CAPOConfig, dict(beta=0.0, advantage_estimator="grpo",
+                                                              skip_zero_advantage_rows=True)),
+}
 TIMED = ["_generate_single_turn", "_rollout_scores", "_reference_scores", "_log_calibration"]
 
 
@@ -70,16 +83,24 @@ def timed(trainer, name, sink):
     setattr(trainer, name, wrapper)
 
 
-def run(variant, model_dir, steps, out_dir, parts):
-    trainer_cls, config_cls, extra = VARIANTS[variant]
+def half_tied(completions, **kwargs):
+    """The first half of the groups (8 completions each) all right, tied; in the others every other one right."""
+    half = len(completions) // 2
+    return [1.0 if i < half else float(i % 2 == 0) for i in range(len(completions))]
+
+
+def run(variant, model_dir, steps, out_dir, parts, tied=False):
+    trainer_cls, config_cls, extra = (TIED if tied else VARIANTS)[variant]
+    batch = dict(per_device_train_batch_size=64, max_completion_length=40) if tied else dict(
+        per_device_train_batch_size=16, max_completion_length=32)
     args = config_cls(
-        output_dir=out_dir, per_device_train_batch_size=16, num_generations=8, max_completion_length=32,
-        max_steps=steps, learning_rate=0.0, bf16=False, use_cpu=True, report_to="none",
-        gradient_checkpointing=False, save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0, **extra,
+        output_dir=out_dir, num_generations=8, max_steps=steps, learning_rate=0.0, bf16=False, use_cpu=True,
+        report_to="none", gradient_checkpointing=False, save_strategy="no", logging_steps=1, disable_tqdm=True,
+        seed=0, **batch, **extra,
     )
     timer = StepTimer()
-    trainer = trainer_cls(model=model_dir, reward_funcs=digit_reward, args=args, train_dataset=tiny_dataset(64),
-                          callbacks=[timer])
+    trainer = trainer_cls(model=model_dir, reward_funcs=half_tied if tied else digit_reward, args=args,
+                          train_dataset=tiny_dataset(64), callbacks=[timer])
     for name in TIMED:
         if hasattr(trainer, name):
             timed(trainer, name, parts)
@@ -88,6 +109,7 @@ def run(variant, model_dir, steps, out_dir, parts):
     scored = [r["capo/ref_scored_frac"] for r in trainer.state.log_history if "capo/ref_scored_frac" in r]
     parts["_mixed_group_frac"] += tied
     parts["_ref_scored_frac"] += scored
+    parts["_skipped_frac"] += [r["capo/skipped_frac"] for r in trainer.state.log_history if "capo/skipped_frac" in r]
     return timer.times[1:]  # the first step warms caches and allocators
 
 
@@ -100,9 +122,12 @@ def main():
     parser.add_argument("--memory", action="store_true", help="also measure peak memory, one process per variant")
     parser.add_argument("--memory-hidden", type=int, default=512)
     parser.add_argument("--memory-layers", type=int, default=4)
+    parser.add_argument("--tied", action="store_true", help="the tied-groups workload (4 x 384 Qwen2, 64 x 40 tokens)")
     args = parser.parse_args()
     hf_logging.set_verbosity_error()
     warnings.filterwarnings("ignore")
+    if args.tied:
+        return tied_workload(args.rounds, args.steps)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_model(Path(tmp) / "model", hidden_size=args.hidden, num_hidden_layers=args.layers)
         times = defaultdict(list)
@@ -134,6 +159,27 @@ def main():
     recorder_cost(args.hidden, args.layers)
     if args.memory:
         memory(args)
+
+
+def tied_workload(rounds, steps, hidden=384, layers=4):
+    """Half the groups tie: CAPO's and GRPO mode's median step over TRL GRPO's, variants alternated."""
+    times, parts = defaultdict(list), {v: defaultdict(list) for v in TIED}
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = build_tiny_model(Path(tmp) / "model", hidden_size=hidden, num_hidden_layers=layers)
+        for _ in range(rounds):
+            for variant in TIED:
+                times[variant] += run(variant, model_dir, steps, str(Path(tmp) / "out"), parts[variant], tied=True)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; Qwen2 hidden={hidden} layers={layers}; "
+          f"64 completions x 40 tokens a step, half of the groups tied; {rounds} rounds x {steps - 1} steps")
+    med = {v: statistics.median(t) for v, t in times.items()}
+    grpo = med["TRL GRPO"]
+    for variant, seconds in med.items():
+        skipped = parts[variant]["_skipped_frac"]
+        note = f"; skipped {statistics.mean(skipped):.2f} of the rows" if skipped else ""
+        print(f"  {variant:<26} median {seconds:6.3f} s/step  {seconds / grpo:.3f}x TRL GRPO  "
+              f"(n={len(times[variant])}{note})")
+    return {v: med[v] / grpo for v in med}, {v: statistics.mean(parts[v]["_skipped_frac"])
+                                             for v in med if parts[v]["_skipped_frac"]}
 
 
 def recorder_cost(hidden, layers, reps=30):

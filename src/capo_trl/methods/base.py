@@ -92,6 +92,7 @@ class Method:
     * :meth:`sequence_loss`: replaces TRL's loss by one of the current mean token log-probs.
     * :meth:`token_logps`: replaces the log-probs TRL's loss is computed from (needs full logits).
     * :meth:`make_state`: per-run state (replay), checkpointed with the run.
+    * :meth:`zero_rows_matter`: why rows with a zero advantage still change the loss (then none is skipped).
     * :attr:`rollout_inputs`: ``Rollout -> {name: (B,) or (B, T) tensor}``, extra per-sample inputs
       computed on each process's slice (it may run forwards through ``Rollout.score``); the trainer
       gathers them into ``AdvantageInputs.extra``.
