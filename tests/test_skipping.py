@@ -120,3 +120,18 @@ def test_a_micro_batch_without_advantages_still_runs_one_row(tiny_model_dir, tmp
     assert [r["capo/skipped_frac"] for r in rows] == [7 / 8, 7 / 8] and all(r["loss"] == 0.0 for r in rows)
     for name, value in on.model.state_dict().items():
         assert torch.equal(value, start[name]), name  # no advantage, no gradient: SGD leaves the weights
+
+
+def test_grpo_mode_with_skipping_on_equals_grpotrainer(tiny_model_dir, tmp_path):
+    """TRL's GRPOTrainer against CAPOTrainer in "grpo" mode: bit for bit with the default (off, tested in
+    test_trainer.py), and to ATOL with skipping on."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    theirs = GRPOTrainer(model=tiny_model_dir, reward_funcs=half_tied, train_dataset=tiny_dataset(),
+                         args=GRPOConfig(output_dir=str(tmp_path / "trl"), **COMMON))
+    theirs.train()
+    ours, _ = train(tiny_model_dir, tmp_path / "ours", advantage_estimator="grpo", skip_zero_advantage_rows=True)
+    for (name, a), b in zip(theirs.model.state_dict().items(), ours.model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=ATOL, msg=name)
+    rows = [r for r in ours.state.log_history if "loss" in r]
+    assert all(r["capo/skipped_frac"] == 0.5 for r in rows)
