@@ -12,7 +12,7 @@ CAPO (defaults: beta 0, mask on) / TRL GRPO and ``advantage_estimator="grpo"`` /
 and with ``skip_zero_advantage_rows=True``), with the fraction of rows the loss forward skipped.
 
     python benchmarks/bench_step.py [--rounds 5] [--steps 6] [--memory]
-    python benchmarks/bench_step.py --tied [--rounds 3] [--steps 5]
+    python benchmarks/bench_step.py --tied [--rounds 3] [--steps 5] [--tied-hidden 384] [--tied-layers 4]
 """
 
 import argparse
@@ -101,6 +101,9 @@ def run(variant, model_dir, steps, out_dir, parts, tied=False):
     timer = StepTimer()
     trainer = trainer_cls(model=model_dir, reward_funcs=half_tied if tied else digit_reward, args=args,
                           train_dataset=tiny_dataset(64), callbacks=[timer])
+    quiet = [c for c in trainer.callback_handler.callbacks if type(c).__name__ == "PrinterCallback"]
+    for callback in quiet:  # the timings, not a metric dict per step
+        trainer.remove_callback(callback)
     for name in TIMED:
         if hasattr(trainer, name):
             timed(trainer, name, parts)
@@ -122,12 +125,14 @@ def main():
     parser.add_argument("--memory", action="store_true", help="also measure peak memory, one process per variant")
     parser.add_argument("--memory-hidden", type=int, default=512)
     parser.add_argument("--memory-layers", type=int, default=4)
-    parser.add_argument("--tied", action="store_true", help="the tied-groups workload (4 x 384 Qwen2, 64 x 40 tokens)")
+    parser.add_argument("--tied", action="store_true", help="the tied-groups workload (64 x 40 tokens a step)")
+    parser.add_argument("--tied-hidden", type=int, default=384)
+    parser.add_argument("--tied-layers", type=int, default=4)
     args = parser.parse_args()
     hf_logging.set_verbosity_error()
     warnings.filterwarnings("ignore")
     if args.tied:
-        return tied_workload(args.rounds, args.steps)
+        return tied_workload(args.rounds, args.steps, args.tied_hidden, args.tied_layers)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_model(Path(tmp) / "model", hidden_size=args.hidden, num_hidden_layers=args.layers)
         times = defaultdict(list)
