@@ -60,14 +60,17 @@ TIMED = ["_generate_single_turn", "_rollout_scores", "_reference_scores", "_log_
 
 
 class StepTimer(TrainerCallback):
+    """Wall time of each step, and CPU time (what a shared machine's load does not inflate as much)."""
+
     def __init__(self):
-        self.times = []
+        self.times, self.cpu_times = [], []
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self.start = time.perf_counter()
+        self.start, self.cpu_start = time.perf_counter(), time.process_time()
 
     def on_step_end(self, args, state, control, **kwargs):
         self.times.append(time.perf_counter() - self.start)
+        self.cpu_times.append(time.process_time() - self.cpu_start)
 
 
 def timed(trainer, name, sink):
@@ -113,6 +116,7 @@ def run(variant, model_dir, steps, out_dir, parts, tied=False):
     parts["_mixed_group_frac"] += tied
     parts["_ref_scored_frac"] += scored
     parts["_skipped_frac"] += [r["capo/skipped_frac"] for r in trainer.state.log_history if "capo/skipped_frac" in r]
+    parts["_cpu"] += timer.cpu_times[1:]
     return timer.times[1:]  # the first step warms caches and allocators
 
 
@@ -177,12 +181,13 @@ def tied_workload(rounds, steps, hidden=384, layers=4):
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; Qwen2 hidden={hidden} layers={layers}; "
           f"64 completions x 40 tokens a step, half of the groups tied; {rounds} rounds x {steps - 1} steps")
     med = {v: statistics.median(t) for v, t in times.items()}
-    grpo = med["TRL GRPO"]
+    cpu = {v: statistics.median(parts[v]["_cpu"]) for v in times}
+    grpo, grpo_cpu = med["TRL GRPO"], cpu["TRL GRPO"]
     for variant, seconds in med.items():
         skipped = parts[variant]["_skipped_frac"]
         note = f"; skipped {statistics.mean(skipped):.2f} of the rows" if skipped else ""
-        print(f"  {variant:<26} median {seconds:6.3f} s/step  {seconds / grpo:.3f}x TRL GRPO  "
-              f"(n={len(times[variant])}{note})")
+        print(f"  {variant:<26} median {seconds:6.3f} s/step  {seconds / grpo:.3f}x TRL GRPO;  CPU "
+              f"{cpu[variant]:6.3f} s/step  {cpu[variant] / grpo_cpu:.3f}x  (n={len(times[variant])}{note})")
     return {v: med[v] / grpo for v in med}, {v: statistics.mean(parts[v]["_skipped_frac"])
                                              for v in med if parts[v]["_skipped_frac"]}
 

@@ -43,7 +43,7 @@ def assert_same_weights(tiny_model_dir, tmp_path, reward=half_tied, peft_config=
     assert not off._skip_rows and on._skip_rows
     moved = 0.0
     for (name, a), b in zip(off.model.state_dict().items(), on.model.state_dict().values()):
-        torch.testing.assert_close(a, b, rtol=0, atol=ATOL, msg=name)
+        torch.testing.assert_close(a, b, rtol=0, atol=ATOL, msg=lambda m, name=name: f"{name}: {m}")
         moved = max(moved, (a - start[name]).abs().max().item())
     assert moved > MOVED
     rows = [r for r in on.state.log_history if "loss" in r]
@@ -132,6 +132,6 @@ def test_grpo_mode_with_skipping_on_equals_grpotrainer(tiny_model_dir, tmp_path)
     theirs.train()
     ours, _ = train(tiny_model_dir, tmp_path / "ours", advantage_estimator="grpo", skip_zero_advantage_rows=True)
     for (name, a), b in zip(theirs.model.state_dict().items(), ours.model.state_dict().values()):
-        torch.testing.assert_close(a, b, rtol=0, atol=ATOL, msg=name)
+        torch.testing.assert_close(a, b, rtol=0, atol=ATOL, msg=lambda m, name=name: f"{name}: {m}")
     rows = [r for r in ours.state.log_history if "loss" in r]
     assert all(r["capo/skipped_frac"] == 0.5 for r in rows)
