@@ -52,6 +52,8 @@ PAIRS = [  # (CAPO variant, its GRPO baseline)
 TIED = {  # the --tied workload's variants
     "TRL GRPO": (GRPOTrainer, GRPOConfig, dict(beta=0.0)),
     "CAPO defaults (mask on)": (CAPOTrainer, CAPOConfig, dict(beta=0.0)),
+    # loss_type grpo's normaliser ignores dropped rows, so the mask's reference skips the tied rows too
+    "CAPO mask on, loss grpo": (CAPOTrainer, CAPOConfig, dict(beta=0.0, loss_type="grpo")),
     "CAPO grpo mode (default)": (CAPOTrainer, CAPOConfig, dict(beta=0.0, advantage_estimator="grpo")),
     "CAPO grpo mode, skip on": (CAPOTrainer, CAPOConfig, dict(beta=0.0, advantage_estimator="grpo",
                                                               skip_zero_advantage_rows=True)),
