@@ -6,7 +6,13 @@ seed) and only the per-step overhead differs.
 Prints the CAPO/GRPO ratios, CAPO's own overhead ``(CAPO - GRPO - reference forward) / GRPO``,
 where the time goes, and (``--memory``) the peak resident memory of each variant, one process each.
 
+``--tied``: instead, the workload of late math RL, where half of the groups tie (every completion of
+a prompt right): a 4-layer, 384-wide Qwen2, 64 completions of up to 40 tokens a step. It prints
+CAPO (defaults: beta 0, mask on) / TRL GRPO and ``advantage_estimator="grpo"`` / TRL GRPO (default,
+and with ``skip_zero_advantage_rows=True``), with the fraction of rows the loss forward skipped.
+
     python benchmarks/bench_step.py [--rounds 5] [--steps 6] [--memory]
+    python benchmarks/bench_step.py --tied [--rounds 3] [--steps 5] [--tied-hidden 384] [--tied-layers 4]
 """
 
 import argparse
@@ -41,18 +47,30 @@ PAIRS = [  # (CAPO variant, its GRPO baseline)
     ("capo beta=0 (mask, own reference, needed)", "grpo beta=0"),
     ("capo beta=0.04 (mask, TRL reference)", "grpo beta=0.04"),
 ]
+TIED = {  # the --tied workload's variants
+    "TRL GRPO": (GRPOTrainer, GRPOConfig, dict(beta=0.0)),
+    "CAPO defaults (mask on)": (CAPOTrainer, CAPOConfig, dict(beta=0.0)),
+    # loss_type grpo's normaliser ignores dropped rows, so the mask's reference skips the tied rows too
+    "CAPO mask on, loss grpo": (CAPOTrainer, CAPOConfig, dict(beta=0.0, loss_type="grpo")),
+    "CAPO grpo mode (default)": (CAPOTrainer, CAPOConfig, dict(beta=0.0, advantage_estimator="grpo")),
+    "CAPO grpo mode, skip on": (CAPOTrainer, CAPOConfig, dict(beta=0.0, advantage_estimator="grpo",
+                                                              skip_zero_advantage_rows=True)),
+}
 TIMED = ["_generate_single_turn", "_rollout_scores", "_reference_scores", "_log_calibration"]
 
 
 class StepTimer(TrainerCallback):
+    """Wall time of each step, and CPU time (what a shared machine's load does not inflate as much)."""
+
     def __init__(self):
-        self.times = []
+        self.times, self.cpu_times = [], []
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self.start = time.perf_counter()
+        self.start, self.cpu_start = time.perf_counter(), time.process_time()
 
     def on_step_end(self, args, state, control, **kwargs):
         self.times.append(time.perf_counter() - self.start)
+        self.cpu_times.append(time.process_time() - self.cpu_start)
 
 
 def timed(trainer, name, sink):
@@ -68,16 +86,27 @@ def timed(trainer, name, sink):
     setattr(trainer, name, wrapper)
 
 
-def run(variant, model_dir, steps, out_dir, parts):
-    trainer_cls, config_cls, extra = VARIANTS[variant]
+def half_tied(completions, **kwargs):
+    """The first half of the groups (8 completions each) all right, tied; in the others every other one right."""
+    half = len(completions) // 2
+    return [1.0 if i < half else float(i % 2 == 0) for i in range(len(completions))]
+
+
+def run(variant, model_dir, steps, out_dir, parts, tied=False):
+    trainer_cls, config_cls, extra = (TIED if tied else VARIANTS)[variant]
+    batch = dict(per_device_train_batch_size=64, max_completion_length=40) if tied else dict(
+        per_device_train_batch_size=16, max_completion_length=32)
     args = config_cls(
-        output_dir=out_dir, per_device_train_batch_size=16, num_generations=8, max_completion_length=32,
-        max_steps=steps, learning_rate=0.0, bf16=False, use_cpu=True, report_to="none",
-        gradient_checkpointing=False, save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0, **extra,
+        output_dir=out_dir, num_generations=8, max_steps=steps, learning_rate=0.0, bf16=False, use_cpu=True,
+        report_to="none", gradient_checkpointing=False, save_strategy="no", logging_steps=1, disable_tqdm=True,
+        seed=0, **batch, **extra,
     )
     timer = StepTimer()
-    trainer = trainer_cls(model=model_dir, reward_funcs=digit_reward, args=args, train_dataset=tiny_dataset(64),
-                          callbacks=[timer])
+    trainer = trainer_cls(model=model_dir, reward_funcs=half_tied if tied else digit_reward, args=args,
+                          train_dataset=tiny_dataset(64), callbacks=[timer])
+    quiet = [c for c in trainer.callback_handler.callbacks if type(c).__name__ == "PrinterCallback"]
+    for callback in quiet:  # the timings, not a metric dict per step
+        trainer.remove_callback(callback)
     for name in TIMED:
         if hasattr(trainer, name):
             timed(trainer, name, parts)
@@ -86,6 +115,8 @@ def run(variant, model_dir, steps, out_dir, parts):
     scored = [r["capo/ref_scored_frac"] for r in trainer.state.log_history if "capo/ref_scored_frac" in r]
     parts["_mixed_group_frac"] += tied
     parts["_ref_scored_frac"] += scored
+    parts["_skipped_frac"] += [r["capo/skipped_frac"] for r in trainer.state.log_history if "capo/skipped_frac" in r]
+    parts["_cpu"] += timer.cpu_times[1:]
     return timer.times[1:]  # the first step warms caches and allocators
 
 
@@ -98,9 +129,14 @@ def main():
     parser.add_argument("--memory", action="store_true", help="also measure peak memory, one process per variant")
     parser.add_argument("--memory-hidden", type=int, default=512)
     parser.add_argument("--memory-layers", type=int, default=4)
+    parser.add_argument("--tied", action="store_true", help="the tied-groups workload (64 x 40 tokens a step)")
+    parser.add_argument("--tied-hidden", type=int, default=384)
+    parser.add_argument("--tied-layers", type=int, default=4)
     args = parser.parse_args()
     hf_logging.set_verbosity_error()
     warnings.filterwarnings("ignore")
+    if args.tied:
+        return tied_workload(args.rounds, args.steps, args.tied_hidden, args.tied_layers)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_model(Path(tmp) / "model", hidden_size=args.hidden, num_hidden_layers=args.layers)
         times = defaultdict(list)
@@ -132,6 +168,28 @@ def main():
     recorder_cost(args.hidden, args.layers)
     if args.memory:
         memory(args)
+
+
+def tied_workload(rounds, steps, hidden=384, layers=4):
+    """Half the groups tie: CAPO's and GRPO mode's median step over TRL GRPO's, variants alternated."""
+    times, parts = defaultdict(list), {v: defaultdict(list) for v in TIED}
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = build_tiny_model(Path(tmp) / "model", hidden_size=hidden, num_hidden_layers=layers)
+        for _ in range(rounds):
+            for variant in TIED:
+                times[variant] += run(variant, model_dir, steps, str(Path(tmp) / "out"), parts[variant], tied=True)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; Qwen2 hidden={hidden} layers={layers}; "
+          f"64 completions x 40 tokens a step, half of the groups tied; {rounds} rounds x {steps - 1} steps")
+    med = {v: statistics.median(t) for v, t in times.items()}
+    cpu = {v: statistics.median(parts[v]["_cpu"]) for v in times}
+    grpo, grpo_cpu = med["TRL GRPO"], cpu["TRL GRPO"]
+    for variant, seconds in med.items():
+        skipped = parts[variant]["_skipped_frac"]
+        note = f"; skipped {statistics.mean(skipped):.2f} of the rows" if skipped else ""
+        print(f"  {variant:<26} median {seconds:6.3f} s/step  {seconds / grpo:.3f}x TRL GRPO;  CPU "
+              f"{cpu[variant]:6.3f} s/step  {cpu[variant] / grpo_cpu:.3f}x  (n={len(times[variant])}{note})")
+    return {v: med[v] / grpo for v in med}, {v: statistics.mean(parts[v]["_skipped_frac"])
+                                             for v in med if parts[v]["_skipped_frac"]}
 
 
 def recorder_cost(hidden, layers, reps=30):

@@ -3,7 +3,8 @@
 Builds a randomly initialised Qwen2 with Qwen2.5-0.5B's shape (~494M parameters) and a synthetic
 byte-level tokenizer from configs, saves them to a temp dir, and trains the same few steps in each
 variant: GRPO; CAPO without the mask (no reference forward); CAPO with the mask (a frozen reference
-copy and its forward); both with a LoRA adapter (the reference is the adapter-disabled base); and
+copy and its forward); both with a LoRA adapter (the reference is the adapter-disabled base); both
+where half of the groups tie (rows CAPO leaves out of the loss forward: `skipped_frac`); and
 CAPO with the mask under single-process DeepSpeed ZeRO-3 (the reference partitioned too). Reports
 median step time, tokens/s, peak GPU memory and the ratios to GRPO of the same kind, as one JSON.
 
@@ -93,6 +94,12 @@ def coin_reward(completions, **kwargs):
     return [float(hashlib.sha256(str(c).encode()).digest()[0] & 1) for c in completions]
 
 
+def half_tied_reward(completions, **kwargs):
+    """The first half of each batch's groups all right (tied: no gradient, skipped), the rest a fair coin."""
+    half = len(completions) // 2
+    return [1.0 if i < half else r for i, r in enumerate(coin_reward(completions))]
+
+
 class StepTimer(TrainerCallback):
     """Wall time of each optimizer step (GPU synchronised), generation included."""
 
@@ -120,9 +127,13 @@ VARIANTS = {
     "capo": ("capo", True, False, False),
     "grpo_lora": ("grpo", False, True, False),
     "capo_lora": ("capo", True, True, False),
+    "grpo_tied": ("grpo", False, False, False),  # half the groups tie (half_tied_reward): rows CAPO skips
+    "capo_tied": ("capo", True, False, False),
     "capo_zero3": ("capo", True, False, True),  # last: DeepSpeed's config stays live in the process
 }
-BASELINE = {"capo_nomask": "grpo", "capo": "grpo", "capo_lora": "grpo_lora", "capo_zero3": "grpo"}
+TIED = ("grpo_tied", "capo_tied")
+BASELINE = {"capo_nomask": "grpo", "capo": "grpo", "capo_lora": "grpo_lora", "capo_tied": "grpo_tied",
+            "capo_zero3": "grpo"}
 
 
 def zero3_config(cpu: bool) -> dict:
@@ -161,13 +172,15 @@ def run_method(variant: str, model_path: str, out_dir: Path, opts) -> dict:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    trainer = CAPOTrainer(model=model_path, reward_funcs=coin_reward, args=args, train_dataset=dataset,
+    reward = half_tied_reward if variant in TIED else coin_reward
+    trainer = CAPOTrainer(model=model_path, reward_funcs=reward, args=args, train_dataset=dataset,
                           peft_config=peft_config)
     timer = StepTimer()
     trainer.add_callback(timer)
     trainer.train()
     logs = [row for row in trainer.state.log_history if "num_tokens" in row]
     tokens = [b["num_tokens"] - a["num_tokens"] for a, b in zip([{"num_tokens": 0}] + logs, logs)]
+    skipped = [row["capo/skipped_frac"] for row in trainer.state.log_history if "capo/skipped_frac" in row]
     measured = slice(opts.warmup, None)
     times, toks = timer.times[measured], tokens[measured]
     step_time = statistics.median(times) if times else float("nan")
@@ -186,6 +199,7 @@ def run_method(variant: str, model_path: str, out_dir: Path, opts) -> dict:
         "deepspeed": trainer.is_deepspeed_enabled,
         "has_reference_copy": trainer._capo_ref_model is not None,
         "ref_ppl_logged": any("capo/ref_ppl_mean" in row for row in trainer.state.log_history),
+        "skipped_frac": statistics.mean(skipped) if skipped else 0.0,  # rows left out of the loss forward
         "final_step": trainer.state.global_step,
     }
     del trainer
@@ -257,7 +271,7 @@ def main(argv=None) -> int:
             print(f"{name:>12} failed: {r['error'][:100]}")
             continue
         mem = f"{r['peak_memory_gib']:.2f}" if r["peak_memory_gib"] is not None else "-"
-        print(f"{name:>12} {r['step_time_s']:8.3f} {r['tokens_per_s']:10.0f} {mem:>9}")
+        print(f"{name:>12} {r['step_time_s']:8.3f} {r['tokens_per_s']:10.0f} {mem:>9}  skipped {r['skipped_frac']:.2f}")
     for name, r in ratios.items():
         time_ratio = f"{r['step_time']:.3f}x" if r["step_time"] else "-"
         mem_ratio = f"{r['peak_memory']:.3f}x" if r["peak_memory"] else "-"

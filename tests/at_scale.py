@@ -4,8 +4,9 @@ train CAPOTrainer the way a multi-GPU user does and write what the test compares
     at_scale.py SPEC_JSON RESULT_JSON
 
 SPEC: {"model_dir", "out", "model": "path"|"memory", "peft": bool, "vllm": bool, "resume": bool,
-       "config": {CAPOConfig overrides}}. RESULT (written by the main process): the logged rows, the
-number of reference forwards and rows each process ran, the mask thresholds each process holds, and a
+       "reward": "tied_on_rank_zero" (else digit_or_tie), "config": {CAPOConfig overrides}}.
+RESULT (written by the main process): the logged rows, the number of reference forwards and rows
+each process ran, the rows of each loss forward, the mask thresholds each process holds, and a
 checksum of the trained weights.
 """
 
@@ -38,6 +39,13 @@ def digit_or_tie(prompts, completions, answer, **kwargs):
     return [1.0 if int(a) % 2 == 0 else float(any(ch.isdigit() for ch in c)) for c, a in zip(completions, answer)]
 
 
+def tied_on_rank_zero(completions, **kwargs):
+    """Process 0's group all right (tied: every row skippable); process 1's mixed (no row skippable)."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        return [1.0] * len(completions)
+    return [float(i % 2 == 0) for i in range(len(completions))]
+
+
 config = dict(per_device_train_batch_size=4, num_generations=4, max_completion_length=6, max_steps=2,
               learning_rate=1e-2, bf16=False, use_cpu=True, report_to="none", gradient_checkpointing=False,
               logging_steps=1, save_strategy="no", seed=3, disable_tqdm=True, ref_high=1e6, ref_low=1.0)
@@ -55,7 +63,8 @@ if spec.get("peft"):
 
     peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
 
-trainer = CAPOTrainer(model=model, reward_funcs=digit_or_tie, args=args, train_dataset=tiny_dataset(),
+reward = tied_on_rank_zero if spec.get("reward") == "tied_on_rank_zero" else digit_or_tie
+trainer = CAPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=tiny_dataset(),
                       peft_config=peft_config)
 acc = trainer.accelerator
 if spec.get("vllm"):
@@ -71,6 +80,10 @@ def counting(model_, out, rows=None):
 
 
 trainer._forward_logps = counting
+loss_forwards = []  # rows of every forward with gradient (the loss's) through the policy on this process
+acc.unwrap_model(trainer.model).register_forward_pre_hook(
+    lambda module, args, kwargs: loss_forwards.append(int(kwargs["input_ids"].size(0))) if torch.is_grad_enabled()
+    else None, with_kwargs=True)
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     trainer.train(resume_from_checkpoint=True if spec.get("resume") else None)
@@ -84,7 +97,7 @@ with torch.no_grad():
             checksum = sum(float(p.double().abs().sum()) for p in unwrapped.parameters())
     else:
         checksum = sum(float(p.double().abs().sum()) for p in unwrapped.parameters())
-mine = {"graded": seen, "forwards": forwards, "thresholds": list(trainer._mask.measured or []) if trainer._mask else None}
+mine = {"graded": seen, "forwards": forwards, "loss_forwards": loss_forwards, "thresholds": list(trainer._mask.measured or []) if trainer._mask else None}
 everyone = [None] * acc.num_processes
 torch.distributed.all_gather_object(everyone, mine) if acc.num_processes > 1 else everyone.__setitem__(0, mine)
 if acc.is_main_process:

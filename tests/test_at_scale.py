@@ -126,3 +126,22 @@ def test_resume_on_another_number_of_processes_equals_not_stopping(tiny_model_di
     assert len(saved) == 2  # measured before the checkpoint, so carried by it
     assert all(tuple(p["thresholds"]) == saved for p in result["processes"])
     assert_same_run(result, unbroken, 3)  # steps 1-2 from the checkpoint's log, step 3 trained on 2 processes
+
+
+@pytest.mark.slow
+def test_zero3_skipping_rows_on_one_process_only(tiny_model_dir, tmp_path):
+    """Process 0's group ties (its rows skippable), process 1's does not: each still runs one loss forward per
+    micro-batch, and the weights equal a run that forwards every row (SGD: they differ only by float sums)."""
+    config = {"noise_mask": False, "optim": "sgd", "learning_rate": 5e-2}
+    runs = {skip: launch(tmp_path, f"skip-{skip}", 2, {"model_dir": tiny_model_dir, "vllm": True,
+                                                       "reward": "tied_on_rank_zero",
+                                                       "config": {**config, "skip_zero_advantage_rows": skip}},
+                         zero=3)
+            for skip in (False, True)}
+    first, second = (p["loss_forwards"] for p in runs[True]["processes"])
+    assert len(first) == len(second) == 2  # one loss forward a step on each process, in lockstep
+    assert first == [1, 1] and second == [4, 4]  # process 0 forwarded the one row it keeps, process 1 all four
+    assert all(p["loss_forwards"] == [4, 4] for p in runs[False]["processes"])
+    assert [r["capo/skipped_frac"] for r in steps(runs[True])] == [3 / 8, 3 / 8]
+    assert runs[True]["checksum"] == pytest.approx(runs[False]["checksum"], rel=1e-6)
+    assert [r["loss"] for r in steps(runs[True])] == pytest.approx([r["loss"] for r in steps(runs[False])], rel=1e-4)

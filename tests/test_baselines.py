@@ -383,7 +383,8 @@ def test_dcpo_sends_per_token_advantages_with_the_block_span(tiny_model_dir, tmp
 
 
 def test_simko_logps_equal_trl_values_inside_the_loss(tiny_model_dir, tmp_path):
-    trainer = make(tiny_model_dir, tmp_path, "simko", max_steps=2)
+    # every row forwarded (skipped rows hold constants: test_skipping.py checks SimKO's update with them)
+    trainer = make(tiny_model_dir, tmp_path, "simko", max_steps=2, skip_zero_advantage_rows=False)
     seen, original = [], CAPOTrainer._get_per_token_logps_and_entropies
 
     def spy(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):

@@ -454,7 +454,9 @@ def test_gpu_check_script_cpu_smoke(tmp_path):
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     results = report["results"]
     assert report["mode"] == "cpu-smoke" and set(results) == {"grpo", "capo_nomask", "capo", "grpo_lora", "capo_lora",
-                                                              "capo_zero3"}
+                                                              "grpo_tied", "capo_tied", "capo_zero3"}
+    assert results["capo_tied"]["skipped_frac"] == 0.5 and results["grpo_tied"]["skipped_frac"] == 0.0
+    assert report["ratios"]["capo_tied_over_grpo_tied"]["step_time"] > 0
     assert all(r["final_step"] == 1 and r["tokens_per_s"] > 0 for r in results.values())
     assert results["capo"]["has_reference_copy"] and results["capo"]["ref_ppl_logged"]
     assert not results["capo_nomask"]["ref_ppl_logged"] and not results["grpo"]["has_reference_copy"]

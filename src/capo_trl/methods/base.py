@@ -106,6 +106,7 @@ class Method:
     * :meth:`sequence_loss`: replaces TRL's loss by one of the current mean token log-probs.
     * :meth:`token_logps`: replaces the log-probs TRL's loss is computed from (needs full logits).
     * :meth:`make_state`: per-run state (replay), checkpointed with the run.
+    * :meth:`zero_rows_matter`: why rows with a zero advantage still change the loss (then none is skipped).
     * :attr:`rollout_inputs`: ``Rollout -> {name: (B,) or (B, T) tensor}``, extra per-sample inputs
       computed on each process's slice (it may run forwards through ``Rollout.score``); the trainer
       gathers them into ``AdvantageInputs.extra``.
@@ -173,6 +174,14 @@ class Method:
     def make_state(self, num_generations: int) -> MethodState | None:
         """Per-run state, or None (the default: the method is a pure function of each batch)."""
         return None
+
+    def zero_rows_matter(self) -> str | None:
+        """Why rows with a zero advantage still change this method's loss (None: they add exactly zero).
+
+        By default a method's own :meth:`sequence_loss` may read every row (C2GSPG's calibration term
+        does); TRL's loss, with or without :meth:`token_logps` (row by row), multiplies each row by its advantage.
+        """
+        return "its sequence_loss reads every row's log-probs" if self.sequence_loss is not None else None
 
 
 # ------------------------------------------------------------------------------------ stated confidence

@@ -16,6 +16,7 @@ from trl import GRPOConfig
 from ..advantages import MASK_SIDES
 from ..methods import BUILTIN, resolve_method
 from ..methods.base import check_fields
+from .skipping import resolve_skipping
 
 THRESHOLD_MODES = ("fixed", "auto")
 REF_SCORING = ("auto", "all", "needed")
@@ -108,6 +109,14 @@ class CAPOConfig(*_METHOD_ARGS, GRPOConfig):
             nothing (those loss types, `beta=0`, `top_entropy_quantile=1`, no entropy bonus, thresholds
             not being measured), else `"all"`. Multimodal batches always score every row; under ZeRO-3
             and FSDP each process runs as many reference forwards as the one with the most rows.
+        skip_zero_advantage_rows (`bool` or `None`, defaults to `None`):
+            Leave rows whose advantage is exactly zero (tied groups, rows the mask dropped) out of the
+            policy's forward and backward in the loss. The update is unchanged up to float rounding:
+            every normaliser is kept, and the skipped rows add exactly zero to the loss and gradient.
+            `None`: on wherever that is exact (`beta=0`, no entropy bonus, `top_entropy_quantile=1`, no
+            router aux loss, a method whose loss reads only the advantage of such rows), except under
+            `"grpo"`, whose promise is bit-for-bit GRPOTrainer; `True` turns it on (an error where it is
+            not exact); `False` off. Logged as `capo/skipped_frac`.
         method_kwargs (`dict` or `None`, defaults to `None`):
             Settings of a method defined outside capo-trl, checked against its `Args` dataclass.
     """
@@ -171,6 +180,12 @@ class CAPOConfig(*_METHOD_ARGS, GRPOConfig):
                   "'needed' where the loss is then identical (loss_type grpo/sapo/dr_grpo), else 'all'.",
                   "choices": list(REF_SCORING)},
     )
+    skip_zero_advantage_rows: bool | None = field(
+        default=None,
+        metadata={"help": "Leave rows whose advantage is exactly zero out of the loss forward and backward (the "
+                  "update is unchanged). Default (None): on wherever exact, except for 'grpo' (bit-for-bit "
+                  "GRPOTrainer); true: on (an error where not exact); false: off."},
+    )
     method_kwargs: dict | str | None = field(
         default=None,
         metadata={"help": "Settings of a method defined outside capo-trl (its Args dataclass), as a mapping (or a "
@@ -192,7 +207,7 @@ class CAPOConfig(*_METHOD_ARGS, GRPOConfig):
         if self.noise_mask is None:
             self.noise_mask = method.default_noise_mask
         super().__post_init__()
-        method(self)  # the selected method's own constraints on other fields (loss_type, beta, ...)
+        resolve_skipping(self, method(self))  # the method's own constraints (loss_type, beta, ...), then ours
 
     def _validate_capo_fields(self, method) -> None:
         def bad(name, allowed):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..advantages import mean_token_logprob
+from .skipping import masked_token_mean, rows_to_forward, scatter_rows
 
 # Extra model inputs TRL's forward accepts (multimodal); passed through unchanged when present.
 FORWARD_KEYS = (
@@ -18,19 +19,31 @@ FORWARD_KEYS = (
 
 
 class MethodLosses:
-    """Mixin for :class:`~capo_trl.CAPOTrainer`: routes TRL's loss through the method's loss hooks."""
+    """Mixin for :class:`~capo_trl.CAPOTrainer`: routes TRL's loss through the method's loss hooks, and leaves
+    rows with a zero advantage out of its forward (``skip_zero_advantage_rows``, exact: see ``skipping.py``)."""
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """Loss-changing methods hook in here; every other method runs TRL's loss untouched."""
         if self.method.sequence_loss is not None and not return_outputs:
             return self._sequence_loss(model, inputs, self.method.sequence_loss)
-        if self.method.token_logps is None:
+        rows = self._forwarded_rows(inputs)
+        if self.method.token_logps is None and rows is None:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        self._loss_inputs = inputs  # read by _get_per_token_logps_and_entropies inside TRL's loss
+        self._loss_inputs, self._loss_rows = inputs, rows  # read by _get_per_token_logps_and_entropies in TRL's loss
         try:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         finally:
-            self._loss_inputs = None
+            self._loss_inputs = self._loss_rows = None
+
+    def _forwarded_rows(self, inputs) -> torch.Tensor | None:
+        """The rows of this micro-batch the loss forward needs (logs ``capo/skipped_frac``); None: all of them."""
+        if not self._skip_rows or any(k in inputs for k in FORWARD_KEYS):  # images are not sliced per row
+            return None
+        rows = rows_to_forward(inputs["advantages"])
+        n = inputs["advantages"].size(0)
+        self._log_local("train" if self.model.training else "eval", {"capo/skipped_frac": 1.0 - rows.numel() / n},
+                        rows.device)
+        return None if rows.numel() == n else rows
 
     def _sequence_loss(self, model, inputs, loss_fn) -> torch.Tensor:
         """A sequence-level loss (C2GSPG) of the current mean token log-probs, through TRL's forward."""
@@ -47,10 +60,32 @@ class MethodLosses:
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **multimodal):
-        """TRL's fused log-probs, except inside a ``token_logps`` method's loss (SimKO): there, one plain
-        forward gives the full logits and the method's hook returns log-probs with its own gradient."""
-        inputs = self._loss_inputs
+        """TRL's fused log-probs, except inside the loss: there only the forwarded rows run (the others hold
+        constants, see ``skipping.py``), and a ``token_logps`` method (SimKO) gets the full logits."""
+        inputs, rows = self._loss_inputs, self._loss_rows
         if inputs is None:
+            return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
+                                                              batch_size, compute_entropy, compute_aux_loss,
+                                                              **multimodal)
+        mask = inputs["completion_mask"] * inputs.get("tool_mask", 1)
+        if rows is None:
+            return self._loss_logps(model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
+                                    compute_aux_loss, inputs, mask, **multimodal)
+        part = {k: inputs[k][rows] for k in ("advantages", "capo_rewards") if k in inputs}
+        logps, entropy, aux = self._loss_logps(model, input_ids[rows], attention_mask[rows], logits_to_keep,
+                                               batch_size, compute_entropy, compute_aux_loss, part, mask[rows],
+                                               **multimodal)
+        # Skipped rows: the old log-probs (importance ratio 1) or, when TRL uses the current ones detached, 0.
+        fill = inputs.get("old_per_token_logps")
+        logps = scatter_rows(logps, rows, torch.zeros_like(mask, dtype=logps.dtype) if fill is None else fill)
+        if entropy is not None:  # read only by the logged `entropy` here: the forwarded rows' token mean
+            entropy = scatter_rows(entropy, rows, masked_token_mean(entropy, mask[rows]).expand(mask.shape))
+        return logps, entropy, aux
+
+    def _loss_logps(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
+                    compute_aux_loss, inputs, mask, **multimodal):
+        """The loss's log-probs of these rows: TRL's, or one plain forward and the ``token_logps`` hook."""
+        if self.method.token_logps is None:
             return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
                                                               batch_size, compute_entropy, compute_aux_loss,
                                                               **multimodal)
@@ -64,8 +99,7 @@ class MethodLosses:
         negative = (advantages if advantages.dim() == 1 else advantages.sum(1)) < 0
         correct = inputs["capo_rewards"] >= self.args.correct_threshold
         logps, entropy, stats = self.method.token_logps(
-            logits[:, :-1] / self.temperature, input_ids[:, -logits_to_keep:],
-            inputs["completion_mask"] * inputs.get("tool_mask", 1), correct, negative)
+            logits[:, :-1] / self.temperature, input_ids[:, -logits_to_keep:], mask, correct, negative)
         self._log_local("train" if self.model.training else "eval", stats, logps.device)
         return logps, entropy if compute_entropy else None, None
 

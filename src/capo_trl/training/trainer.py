@@ -41,6 +41,7 @@ from .monitor import rollout_metrics
 from ..evaluation.recorder import RolloutLogprobRecorder, distribution_changes
 from .reference import ReferenceScoreCache, add_reference_adapter, build_reference, snapshot
 from .scoring import ReferenceScoring
+from .skipping import SKIP_FIELD, resolve_skipping
 
 if TYPE_CHECKING:  # the constructor's annotations (GRPOTrainer's parameters), without importing these at runtime
     from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict
@@ -142,14 +143,22 @@ class CAPOTrainer(CheckpointedState, MethodLosses, ReferenceScoring, GRPOTrainer
         normaliser_free = args.loss_type in MASK_FREE_NORMALISER or args.noise_mask_normalizer == "unmasked"
         exact = normaliser_free and args.beta == 0.0 and args.top_entropy_quantile == 1.0 and not entropy_bonus
         self._ref_scoring = args.ref_scoring if args.ref_scoring != "auto" else "needed" if exact else "all"
-        self._loss_inputs = None  # the micro-batch whose loss is being computed, for the token_logps hook
+        self._loss_inputs = self._loss_rows = None  # the micro-batch whose loss is being computed, its forwarded rows
         self.method = resolve_method(args.advantage_estimator)(args)
+        self._skip_rows = resolve_skipping(args, self.method) and not self._router_aux_loss(args)
         self._method_state = self.method.make_state(self.num_generations)
         context = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
         check_prompt_lengths(self.train_dataset, getattr(self.processing_class, "tokenizer", self.processing_class),
                              context, self.max_completion_length, "train_dataset")
 
     # ----------------------------------------------------------------------------------- setup
+    def _router_aux_loss(self, args) -> bool:
+        """A MoE router's aux loss reads every token of the batch, so skipping rows would change it."""
+        if self.aux_loss_enabled and args.skip_zero_advantage_rows:
+            raise UsageError(f"CAPOConfig.{SKIP_FIELD}=True is not exact with a router aux loss (it reads every "
+                             f"token); set router_aux_loss_coef=0 or {SKIP_FIELD}=False.")
+        return self.aux_loss_enabled
+
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
         """TRL's card (CAPO named and cited through ``_paper``), plus the method and mask settings used."""
         super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
