@@ -64,6 +64,8 @@ def assert_same_run(a, b, n_steps):
             if key in ra or key in rb:
                 assert ra.get(key) == rb.get(key), (step, key, ra.get(key), rb.get(key))
         for key in CLOSE:
+            if key == "entropy" and (ra.get("capo/skipped_frac") or rb.get("capo/skipped_frac")):
+                continue  # with rows skipped it is the forwarded rows' entropy, which depends on how rows split
             if ra.get(key) is None or rb.get(key) is None:  # undefined on this batch (e.g. no mixed group)
                 assert ra.get(key) == rb.get(key), (step, key)
             else:
