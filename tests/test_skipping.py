@@ -135,3 +135,19 @@ def test_grpo_mode_with_skipping_on_equals_grpotrainer(tiny_model_dir, tmp_path)
         torch.testing.assert_close(a, b, rtol=0, atol=ATOL, msg=lambda m, name=name: f"{name}: {m}")
     rows = [r for r in ours.state.log_history if "loss" in r]
     assert all(r["capo/skipped_frac"] == 0.5 for r in rows)
+
+
+@pytest.mark.parametrize("advantages, mask, rows", [
+    ([0.0, 0.5, 0.0, -0.5], [[1, 1], [1, 0], [1, 1], [1, 1]], [1, 3]),  # the rows with an advantage
+    ([0.0, 0.0, 0.0], [[1, 1], [1, 0], [1, 1]], [0]),  # none: one row still runs
+    ([0.0, 0.0, 0.0], [[0, 0], [1, 1], [1, 0]], [1]),  # ...one that has loss tokens
+    ([0.0, 0.5, 0.0], [[0, 0], [0, 0], [1, 0]], [1, 2]),  # the forwarded rows have none: one more that has
+    ([0.0, 0.0], [[0, 0], [0, 0]], [0]),  # no row has tokens: the logged entropy is TRL's 0 either way
+    ([float("nan"), 0.0], [[1, 1], [1, 1]], [0]),
+])
+def test_rows_to_forward(advantages, mask, rows):
+    """Discrete: which rows run. The extra row has loss tokens whenever any row has, so the skipped rows' filled
+    entropy is the forwarded rows' mean and the logged entropy is never a made-up 0."""
+    from capo_trl.training.skipping import rows_to_forward
+
+    assert rows_to_forward(torch.tensor(advantages), torch.tensor(mask)).tolist() == rows

@@ -39,7 +39,7 @@ class MethodLosses:
         """The rows of this micro-batch the loss forward needs (logs ``capo/skipped_frac``); None: all of them."""
         if not self._skip_rows or any(k in inputs for k in FORWARD_KEYS):  # images are not sliced per row
             return None
-        rows = rows_to_forward(inputs["advantages"])
+        rows = rows_to_forward(inputs["advantages"], inputs["completion_mask"] * inputs.get("tool_mask", 1))
         n = inputs["advantages"].size(0)
         self._log_local("train" if self.model.training else "eval", {"capo/skipped_frac": 1.0 - rows.numel() / n},
                         rows.device)

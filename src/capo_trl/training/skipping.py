@@ -47,16 +47,22 @@ def resolve_skipping(config, method) -> bool:
     return bool(value)
 
 
-def rows_to_forward(advantages: torch.Tensor) -> torch.Tensor:
-    """Indices of the rows whose advantage is not exactly zero (NaN counts as non-zero), at least one.
+def rows_to_forward(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Indices of the rows whose advantage is not exactly zero (NaN counts as non-zero), plus at most one more.
 
-    One row always stays, so every micro-batch still runs one forward and one backward through the
-    whole model: data-parallel gradient reductions and ZeRO-3/FSDP parameter gathers stay collective,
-    and the loss keeps a graph. Its zero advantage adds exactly zero to the gradient.
+    The extra row keeps two things true. Every micro-batch still runs one forward and one backward through
+    the whole model: data-parallel gradient reductions and ZeRO-3/FSDP parameter gathers stay collective,
+    and the loss keeps a graph; its zero advantage adds exactly zero to the gradient. And whenever the
+    micro-batch has loss tokens (``mask``), some forwarded row has them, so the logged entropy, which TRL
+    averages over every row's tokens, is the forwarded rows' mean and never a made-up 0.
     """
     nonzero = advantages != 0 if advantages.dim() == 1 else (advantages != 0).any(dim=1)
-    rows = nonzero.nonzero().squeeze(1)
-    return rows if rows.numel() else torch.zeros(1, dtype=torch.long, device=advantages.device)
+    has_tokens = mask.sum(dim=1) > 0
+    if not (nonzero & has_tokens).any():
+        extra = has_tokens if has_tokens.any() else torch.ones_like(has_tokens)
+        nonzero = nonzero.clone()
+        nonzero[extra.nonzero()[0, 0]] = True
+    return nonzero.nonzero().squeeze(1)
 
 
 def scatter_rows(values: torch.Tensor, rows: torch.Tensor, fill: torch.Tensor) -> torch.Tensor:
@@ -67,6 +73,7 @@ def scatter_rows(values: torch.Tensor, rows: torch.Tensor, fill: torch.Tensor) -
 
 
 def masked_token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``values`` over the tokens of ``mask`` (0 when there are none), without gradient."""
+    """Mean of ``values`` over the tokens of ``mask``, without gradient (0 when there are none: then no row of
+    the micro-batch has tokens, see ``rows_to_forward``, and TRL's token mean reads no filled value)."""
     mask = mask.to(values.dtype)
     return ((values.detach() * mask).sum() / mask.sum().clamp(min=1.0)).reshape(())
