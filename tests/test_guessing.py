@@ -191,4 +191,4 @@ def test_the_test_bed_drivers_train_with_the_tasks_own_reward(monkeypatch, tmp_p
 
     monkeypatch.setattr(runs, "train_method", train_method)
     with pytest.raises(Trained):
-        testbed.run_one("guess-redraw", "grpo", 0, 1, 1, 4, str(tmp_path))
+        testbed.train_record("guess-redraw", 1, 1, 4, str(tmp_path), "grpo", {"advantage_estimator": "grpo"}, 0)

@@ -13,6 +13,7 @@ import json
 import math
 import time
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ import numpy as np
 from ..evaluation import plots
 from ..errors import UsageError, check_output_dir
 from . import runs
+from .driver import Study, plan, read_json, run_study, write_json
 from .presets import Budget, budget_flag, check_budget, check_methods, is_int
 from .runs import HEADLINE, START, headline
 
@@ -47,20 +49,6 @@ def _revive(record: dict) -> dict:
     return record
 
 
-def _write_json(path: Path, data) -> None:
-    """Written whole or not at all: an interrupted run never leaves half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n")
-    tmp.replace(path)
-
-
-def _read_json(path: Path):
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def _manifest(methods, budget: Budget) -> dict:
     return _plain({"format": 1, "methods": {label: overrides for label, overrides in methods},
                    "budget": {k: v for k, v in asdict(budget).items() if k != "progress"}})
@@ -85,7 +73,7 @@ def _open_out(out: Path, methods, budget: Budget, overwrite: bool) -> dict:
     manifest = _manifest(methods, budget)
     saved_path = out / "manifest.json"
     if out.is_dir() and saved_path.is_file() and not overwrite:
-        saved = _read_json(saved_path)
+        saved = read_json(saved_path)
         change = _manifest_change(saved, manifest) if isinstance(saved, dict) else "manifest (unreadable)"
         if change:
             raise UsageError(f"--out {out} holds a comparison with another {change}; rerun with the same --methods "
@@ -100,7 +88,7 @@ def _open_out(out: Path, methods, budget: Budget, overwrite: bool) -> dict:
             for saved_run in (out / "runs").glob("*/result.json"):
                 saved_run.unlink()
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    _write_json(saved_path, manifest)
+    write_json(saved_path, manifest)
     return manifest
 
 
@@ -111,20 +99,20 @@ def _run_dir(out: Path, label: str, seed: int) -> Path:
 def _start_record(out: Path, budget: Budget) -> dict:
     """The start model's test evaluation, saved to ``start.json`` and reused by a resumed comparison."""
     path = out / "start.json"
-    record = _read_json(path)
+    record = read_json(path)
     if not isinstance(record, dict) or "headline" not in record:
         t0 = time.time()
         result = runs.evaluate_start(budget)
         record = _plain({"method": START, "headline": headline(result.metrics, budget.test_samples),
                          "precision_coverage": result.curves.get("precision_coverage"), "seconds": time.time() - t0})
-        _write_json(path, record)
+        write_json(path, record)
     else:
         print(f"[{START}] reused {path}")
     return _revive(record)
 
 
 def _saved_run(path: Path, label: str, overrides: dict, seed: int, manifest: dict) -> dict | None:
-    record = _read_json(path)
+    record = read_json(path)
     if not isinstance(record, dict):
         return None
     same = (record.get("method"), record.get("seed"), record.get("overrides"), record.get("budget")) == (
@@ -159,33 +147,29 @@ def compare(methods: list[tuple[str, dict]], seeds: int, out: Path, budget: Budg
     out = Path(out)
     manifest = _open_out(out, methods, budget, overwrite)
 
-    plan = [(label, overrides, seed) for seed in range(first_seed, first_seed + seeds) for label, overrides in methods]
+    seeds_ = list(range(first_seed, first_seed + seeds))
     start = _start_record(out, budget)
-    finished = {}
-    for label, overrides, seed in plan:
-        path = _run_dir(out, label, seed) / "result.json"
-        record = _saved_run(path, label, overrides, seed, manifest)
-        if record is not None:
-            finished[(label, seed)] = record
-            print(f"[{label} seed {seed}] reused {path}")
-    summary = _write_outputs(out, methods, plan, budget, start, finished)
-    for label, overrides, seed in plan:
-        if (label, seed) in finished:
-            continue
-        t0 = time.time()
-        run_dir = _run_dir(out, label, seed)
-        _, history, result = runs.train_method(overrides, seed, budget, run_dir)
-        record = _plain({"method": label, "seed": seed, "overrides": overrides, "budget": manifest["budget"],
-                         "seconds": time.time() - t0, "headline": headline(result.metrics, budget.test_samples),
-                         "history": history, "precision_coverage": result.curves.get("precision_coverage"),
-                         "metrics": result.metrics})
-        run_dir.mkdir(parents=True, exist_ok=True)
-        _write_json(run_dir / "result.json", record)
-        finished[(label, seed)] = _revive(record)
-        print(f"[{label} seed {seed}] {record['seconds']:.0f}s  "
-              + "  ".join(f"{k}={v:.4f}" for k, v in finished[(label, seed)]["headline"].items()))
-        summary = _write_outputs(out, methods, plan, budget, start, finished)
-    return summary
+    planned, summaries = plan(methods, seeds_), []
+    run_study(Study(methods, seeds_, path=lambda label, seed: _run_dir(out, label, seed) / "result.json",
+                    run=partial(_train, out, budget, manifest["budget"]), reuse=partial(_saved_run, manifest=manifest),
+                    after=lambda finished: summaries.append(_write_outputs(out, methods, planned, budget, start,
+                                                                           finished)),
+                    describe=_describe))
+    return summaries[-1]
+
+
+def _train(out: Path, budget: Budget, saved_budget: dict, label: str, overrides: dict, seed: int) -> dict:
+    """One run of the comparison: its record (``runs/<label>-seed<k>/result.json``)."""
+    t0 = time.time()
+    _, history, result = runs.train_method(overrides, seed, budget, _run_dir(out, label, seed))
+    return _plain({"method": label, "seed": seed, "overrides": overrides, "budget": saved_budget,
+                   "seconds": time.time() - t0, "headline": headline(result.metrics, budget.test_samples),
+                   "history": history, "precision_coverage": result.curves.get("precision_coverage"),
+                   "metrics": result.metrics})
+
+
+def _describe(record: dict) -> str:
+    return f"{record['seconds']:.0f}s  " + "  ".join(f"{k}={v:.4f}" for k, v in record["headline"].items())
 
 
 def _write_outputs(out: Path, methods, plan, budget: Budget, start: dict, finished: dict) -> dict:

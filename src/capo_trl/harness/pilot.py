@@ -5,7 +5,8 @@ one run per seed, and evaluates the start model and every run on the test split;
 criterion pre-registered in `docs/results/guess-pilots/protocol-300-steps.md` and writes, under ``--out``:
 ``start.json``, ``seed<k>.json`` (headline metrics, E-AURC, per item kind, validation history),
 ``per_seed.csv``, ``verdict.json`` and ``pilot.md`` (the table, rendered from those files).
-A finished seed is reused when the same command is rerun.
+A finished seed is reused when the same command is rerun (the harness's one driver,
+:mod:`capo_trl.harness.driver`).
 
     python -m capo_trl.harness.pilot --task guess --model src/capo_trl/assets/guess-tiny --seeds 0 1 2 \\
       --steps 300 --val_every 50 --test_problems 512 --out runs/testbed/pilot
@@ -19,10 +20,12 @@ import json
 import math
 import os
 import time
+from functools import partial
 from pathlib import Path
 
 from ..data.guessing import guess_breakdown
 from ..data.tasks import TASKS
+from .driver import Study, run_study
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ENDPOINTS = ("accuracy", "auroc", "auroc_question", "ece", "e_aurc")
@@ -122,17 +125,21 @@ def main():
     start = json.loads(start_path.read_text())
     print("start", json.dumps({k: round(start[k], 4) for k in ENDPOINTS}), flush=True)
 
-    finals = {}
-    for seed in args.seeds:
-        path = out / f"seed{seed}.json"
-        if not path.is_file():
-            t0 = time.time()
-            _, history, result = runs.train_method(PRESETS["grpo"], seed, budget, out / f"run-seed{seed}", dataset)
-            path.write_text(json.dumps({**record(result, problems, budget.test_samples), "seed": seed,
-                                        "seconds": time.time() - t0, "history": history}, indent=2) + "\n")
-        finals[seed] = json.loads(path.read_text())
-        print(f"seed {seed}", json.dumps({k: round(finals[seed][k], 4) for k in ENDPOINTS}), flush=True)
-        write_outputs(out, start, finals)
+    grpo = [("grpo", PRESETS["grpo"])]
+    run_study(Study(grpo, args.seeds, path=lambda label, seed: out / f"seed{seed}.json",
+                    run=partial(train_record, budget, dataset, problems, out),
+                    after=lambda finished: write_outputs(out, start, {seed: r for (_, seed), r in finished.items()}),
+                    describe=lambda final: json.dumps({k: round(final[k], 4) for k in ENDPOINTS})))
+
+
+def train_record(budget, dataset, problems, out: Path, label: str, overrides: dict, seed: int) -> dict:
+    """One GRPO run of the pilot: its record, ``seed<k>.json``."""
+    from . import runs
+
+    t0 = time.time()
+    _, history, result = runs.train_method(overrides, seed, budget, out / f"run-seed{seed}", dataset)
+    return {**record(result, problems, budget.test_samples), "seed": seed, "seconds": time.time() - t0,
+            "history": history}
 
 
 def write_outputs(out: Path, start: dict, finals: dict[int, dict]) -> dict:

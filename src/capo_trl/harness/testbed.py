@@ -19,15 +19,14 @@ import argparse
 import json
 import math
 import os
-import subprocess
-import sys
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
+from .driver import Study, run_study
 from .paired import paired_interval
 from .pilot import record, verdict
 
@@ -77,32 +76,39 @@ def tally_mask(trainer, counts: Counter) -> None:
     trainer._generate_and_score_completions = counted
 
 
-def run_one(task_name: str, label: str, seed: int, steps: int, val_every: int, test_problems: int, out: str) -> str:
+def train_record(task_name: str, steps: int, val_every: int, test_problems: int, out: str, label: str,
+                 overrides: dict, seed: int) -> dict:
+    """One run of the comparison (in its worker process): its record, ``<out>/<label>/seed<k>.json``."""
     import torch
 
     from . import runs
     from ..data.tasks import get_task
-    from .presets import Budget, parse_methods
+    from .presets import Budget
 
-    path = Path(out) / label / f"seed{seed}.json"
-    if path.is_file():
-        return f"{label} seed {seed}: reused"
     torch.set_num_threads(1)
     task = get_task(task_name)
     budget = Budget(task=task_name, steps=steps, val_every=val_every, test_problems=test_problems,
                     model=task.model_path(), progress=False)  # the task: its training reward too
-    (_, overrides), = parse_methods(label)
     counts: Counter = Counter()
     t0 = time.time()
     _, history, result = runs.train_method(overrides, seed, budget, Path(out) / label / f"run-seed{seed}", task.dataset,
                                            on_trainer=lambda trainer: tally_mask(trainer, counts))
-    rec = {**evaluation_record(result, task, budget), "method": label, "seed": seed,
-           "mask": dict(sorted(counts.items())), "seconds": time.time() - t0, "history": history}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(rec, indent=2) + "\n")
-    tmp.replace(path)
-    return f"{label} seed {seed}: {rec['seconds']:.0f} s, auroc {rec['auroc']:.3f}, accuracy {rec['accuracy']:.3f}"
+    return {**evaluation_record(result, task, budget), "method": label, "seed": seed,
+            "mask": dict(sorted(counts.items())), "seconds": time.time() - t0, "history": history}
+
+
+def _describe(record: dict) -> str:
+    return (f"{time.strftime('%H:%M:%S')} {record['seconds']:.0f} s, auroc {record['auroc']:.3f}, "
+            f"accuracy {record['accuracy']:.3f}")
+
+
+def run_all(args, methods: list) -> None:
+    """Every method x seed of ``run``, seed-major, ``--workers`` processes at a time (the harness's one driver)."""
+    out = Path(args.out)
+    study = Study(methods, args.seeds, path=lambda label, seed: out / label / f"seed{seed}.json",
+                  run=partial(train_record, args.task, args.steps, args.val_every, args.test_problems, str(out)),
+                  after=lambda finished: report(out), describe=_describe)
+    run_study(study, workers=args.workers)
 
 
 def run_start(task_name: str, test_problems: int, out: str) -> None:
@@ -200,7 +206,7 @@ def report(out: Path) -> dict:
     return summary
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run")
@@ -211,20 +217,14 @@ def main():
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--val_every", type=int, default=100)
     p.add_argument("--test_problems", type=int, default=512)
-    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--workers", type=int, default=1, help="runs at a time, each in its own process (0: here)")
     p.add_argument("--out", required=True)
     r = sub.add_parser("report")
     r.add_argument("--out", required=True)
-    o = sub.add_parser("one", help="one run (what `run` launches for each method and seed)")
-    for name in ("--task", "--method", "--out"):
-        o.add_argument(name, required=True)
-    for name in ("--seed", "--steps", "--val_every", "--test_problems"):
-        o.add_argument(name, type=int, required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.command == "run" and args.workers < 0:
+        parser.error(f"--workers must be >= 0 (0 runs here), got {args.workers}.")
     out = Path(args.out)
-    if args.command == "one":
-        print(run_one(args.task, args.method, args.seed, args.steps, args.val_every, args.test_problems, args.out))
-        return
     if args.command == "report":
         print((report(out) and (out / "compare.md").read_text()))
         return
@@ -240,20 +240,7 @@ def main():
     config["methods"] = [label for label, _ in methods]
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     run_start(args.task, args.test_problems, str(out))
-    jobs = [[sys.executable, "-m", "capo_trl.harness.testbed", "one", "--task", args.task, "--method", label, "--seed", str(seed),
-             "--steps", str(args.steps), "--val_every", str(args.val_every), "--test_problems", str(args.test_problems),
-             "--out", str(out)] for seed in args.seeds for label in config["methods"]]
-
-    def launch(cmd):  # one process per run: a fresh interpreter, its memory returned when it ends
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode:
-            return f"{cmd[7]} seed {cmd[9]}: FAILED (rc {done.returncode})\n{done.stderr[-3000:]}"
-        return done.stdout.strip().splitlines()[-1]
-
-    with ThreadPoolExecutor(args.workers) as pool:
-        for line in pool.map(launch, jobs):
-            print(time.strftime("%H:%M:%S"), line, flush=True)
-            report(out)
+    run_all(args, methods)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,170 @@
+"""Every method x every seed, resumable, one file per finished run: the one loop behind ``capo-trl
+compare``, the test-bed comparison (:mod:`~capo_trl.harness.testbed`) and the pilot
+(:mod:`~capo_trl.harness.pilot`).
+
+A front end says where a run's record lives, how one (method, seed) becomes a JSON record, which
+saved record it reuses and what it rewrites after each run (its report). The driver plans the pairs
+seed-major (every method of a seed before the next seed, so a stopped study has whole seeds), reuses
+the saved ones, runs the others here or ``workers`` at a time in fresh processes, and saves each
+record whole the moment its run has finished, from the process that ran it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Callable
+
+FAILURE_TAIL = 3000  # characters of a failed worker's output shown with its error
+
+
+def write_json(path: Path, data) -> None:
+    """Written whole or not at all: an interrupted run never leaves half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def read_json(path: Path):
+    """The saved JSON, or None when there is none or it cannot be read."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def reuse_any(path: Path, label: str, overrides: dict, seed: int):
+    """The default reuse rule: any readable record (the front end's directory names the study)."""
+    return read_json(path)
+
+
+def _nothing(finished: dict) -> None:
+    pass
+
+
+def _seconds(record: dict) -> str:
+    return f"{record.get('seconds', 0):.0f} s"
+
+
+@dataclass(frozen=True)
+class Study:
+    """What a front end tells the driver.
+
+    ``run(label, overrides, seed)`` trains one run and returns its JSON-ready record; with worker
+    processes it must be picklable (a module-level function, or a ``functools.partial`` of one).
+    ``reuse(path, label, overrides, seed)`` is the saved record to keep, None to run it again (also
+    how a just-saved record is read back, so a fresh run and a resumed one look the same).
+    ``after(finished)`` runs once the saved runs are read and after every new one, with the
+    finished records by ``(label, seed)`` in plan order; ``describe(record)`` is its console line.
+    """
+
+    methods: list  # [(label, overrides)], in the order every seed runs them
+    seeds: list
+    path: Callable[[str, int], Path]
+    run: Callable[[str, dict, int], dict]
+    reuse: Callable = reuse_any
+    after: Callable[[dict], None] = _nothing
+    describe: Callable[[dict], str] = _seconds
+
+
+def plan(methods, seeds) -> list[tuple[str, dict, int]]:
+    """Seed-major: every method of a seed before the next seed; a (method, seed) named twice runs once."""
+    pairs = {(label, seed): overrides for seed in seeds for label, overrides in methods}
+    return [(label, overrides, seed) for (label, seed), overrides in pairs.items()]
+
+
+def run_study(study: Study, workers: int = 0) -> dict:
+    """Run every (method, seed) of ``study`` that has no reusable record; returns the records by (label, seed).
+
+    ``workers=0`` runs here, one after the other, and a failure stops the study at once;
+    ``workers=N`` runs N at a time, each in a fresh interpreter (its memory returned when it ends),
+    and a failed run is reported while the others go on; the study raises once all have ended.
+    """
+    planned = plan(study.methods, study.seeds)
+    finished = {}
+    for label, overrides, seed in planned:
+        path = study.path(label, seed)
+        record = study.reuse(path, label, overrides, seed) if path.is_file() else None
+        if record is not None:
+            finished[(label, seed)] = record
+            print(f"[{label} seed {seed}] reused {path}", flush=True)
+
+    def in_order():
+        return {(label, seed): finished[(label, seed)] for label, _, seed in planned if (label, seed) in finished}
+
+    study.after(in_order())
+    todo = [job for job in planned if (job[0], job[2]) not in finished]
+    failed = []
+    for (label, overrides, seed), error in _execute(study, todo, workers):
+        if error is not None:
+            failed.append(f"{label} seed {seed}")
+            print(f"[{label} seed {seed}] FAILED: {error}", flush=True)
+            continue
+        path = study.path(label, seed)
+        record = study.reuse(path, label, overrides, seed)
+        if record is None:
+            raise RuntimeError(f"{path}: the record of {label} seed {seed} was saved but does not read back.")
+        finished[(label, seed)] = record
+        print(f"[{label} seed {seed}] {study.describe(record)}", flush=True)
+        study.after(in_order())
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(todo)} runs failed ({', '.join(failed)}); their output is above. "
+                           "Rerun the same command to run them again (finished runs are reused).")
+    return in_order()
+
+
+def _run_and_save(run, path: Path, label: str, overrides: dict, seed: int) -> None:
+    """One run, its record saved where the front end reads it."""
+    record = run(label, overrides, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, record)
+
+
+def _in_child(log: str, run, path: Path, label: str, overrides: dict, seed: int) -> None:
+    """A worker process: its output goes to ``log`` (shown only when the run fails)."""
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    _run_and_save(run, path, label, overrides, seed)
+
+
+def _execute(study: Study, todo: list, workers: int):
+    """Yields ``(job, None)`` for each finished run, ``(job, error text)`` for each failed one (workers only)."""
+    if workers < 0:
+        raise ValueError(f"workers={workers!r} is invalid; it must be >= 0 (0 runs here).")
+    if not workers:
+        for label, overrides, seed in todo:
+            _run_and_save(study.run, study.path(label, seed), label, overrides, seed)
+            yield (label, overrides, seed), None
+        return
+    spawn, lock = get_context("spawn"), threading.Lock()
+
+    def one(job):
+        label, overrides, seed = job
+        with tempfile.NamedTemporaryFile("w", prefix="capo-run-", suffix=".log", delete=False) as f:
+            log = f.name
+        try:
+            with lock:  # start one process at a time: a spawn reads the parent's state
+                child = spawn.Process(target=_in_child, args=(log, study.run, study.path(label, seed), *job))
+                child.start()
+            child.join()
+            if child.exitcode == 0:
+                return None
+            tail = Path(log).read_text(errors="replace")[-FAILURE_TAIL:]
+            return f"exit code {child.exitcode}\n{tail}"
+        finally:
+            os.unlink(log)
+
+    with ThreadPoolExecutor(workers) as pool:
+        futures = {pool.submit(one, job): job for job in todo}  # the queue keeps the plan's order
+        for future in as_completed(futures):
+            yield futures[future], future.result()
+
+
+__all__ = ["Study", "plan", "read_json", "reuse_any", "run_study", "write_json"]
