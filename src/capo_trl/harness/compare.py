@@ -21,7 +21,8 @@ import numpy as np
 from ..evaluation import plots
 from ..errors import UsageError, check_output_dir
 from . import runs
-from .driver import Study, plan, read_json, run_study, write_json
+from . import driver
+from .driver import plan, read_json, write_json
 from .presets import Budget, budget_flag, check_budget, check_methods, is_int
 from .runs import HEADLINE, START, headline
 
@@ -150,11 +151,12 @@ def compare(methods: list[tuple[str, dict]], seeds: int, out: Path, budget: Budg
     seeds_ = list(range(first_seed, first_seed + seeds))
     start = _start_record(out, budget)
     planned, summaries = plan(methods, seeds_), []
-    run_study(Study(methods, seeds_, path=lambda label, seed: _run_dir(out, label, seed) / "result.json",
-                    run=partial(_train, out, budget, manifest["budget"]), reuse=partial(_saved_run, manifest=manifest),
-                    after=lambda finished: summaries.append(_write_outputs(out, methods, planned, budget, start,
-                                                                           finished)),
-                    describe=_describe))
+    study = driver.Study(methods, seeds_, path=lambda label, seed: _run_dir(out, label, seed) / "result.json",
+                         run=partial(_train, out, budget, manifest["budget"]),
+                         reuse=partial(_saved_run, manifest=manifest), describe=_describe,
+                         after=lambda finished: summaries.append(_write_outputs(out, methods, planned, budget, start,
+                                                                                finished)))
+    driver.run_study(study)
     return summaries[-1]
 
 

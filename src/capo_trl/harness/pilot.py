@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..data.guessing import guess_breakdown
 from ..data.tasks import TASKS
-from .driver import Study, run_study
+from . import driver
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ENDPOINTS = ("accuracy", "auroc", "auroc_question", "ece", "e_aurc")
@@ -126,11 +126,11 @@ def main():
     print("start", json.dumps({k: round(start[k], 4) for k in ENDPOINTS}), flush=True)
 
     grpo = [("grpo", PRESETS["grpo"])]
-    run_study(Study(grpo, args.seeds, path=lambda label, seed: out / f"seed{seed}.json",
-                    run=partial(train_record, budget, dataset, problems, out),
-                    after=lambda finished: write_outputs(out, start, {seed: r for (_, seed), r in finished.items()}),
-                    describe=lambda final: json.dumps({k: round(final[k], 4) for k in ENDPOINTS})))
-
+    study = driver.Study(grpo, args.seeds, path=lambda label, seed: out / f"seed{seed}.json",
+                         run=partial(train_record, budget, dataset, problems, out),
+                         after=lambda finished: write_outputs(out, start, {s: r for (_, s), r in finished.items()}),
+                         describe=lambda final: json.dumps({k: round(final[k], 4) for k in ENDPOINTS}))
+    driver.run_study(study)
 
 def train_record(budget, dataset, problems, out: Path, label: str, overrides: dict, seed: int) -> dict:
     """One GRPO run of the pilot: its record, ``seed<k>.json``."""

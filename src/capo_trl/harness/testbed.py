@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .driver import Study, run_study
+from . import driver
 from .paired import paired_interval
 from .pilot import record, verdict
 
@@ -105,10 +105,10 @@ def _describe(record: dict) -> str:
 def run_all(args, methods: list) -> None:
     """Every method x seed of ``run``, seed-major, ``--workers`` processes at a time (the harness's one driver)."""
     out = Path(args.out)
-    study = Study(methods, args.seeds, path=lambda label, seed: out / label / f"seed{seed}.json",
+    study = driver.Study(methods, args.seeds, path=lambda label, seed: out / label / f"seed{seed}.json",
                   run=partial(train_record, args.task, args.steps, args.val_every, args.test_problems, str(out)),
                   after=lambda finished: report(out), describe=_describe)
-    run_study(study, workers=args.workers)
+    driver.run_study(study, workers=args.workers)
 
 
 def run_start(task_name: str, test_problems: int, out: str) -> None:
