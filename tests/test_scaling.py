@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from scipy.stats import weibull_min
 
 from capo_trl.evaluation.scaling import (
-    _weibull_logpdf,
     best_of_n,
     cluster_answers,
     fit_weibull_mixture,
@@ -20,6 +19,7 @@ from capo_trl.evaluation.scaling import (
     reasoning_pruned_consistency,
     weibull_prune_mask,
 )
+from capo_trl.evaluation.weibull import _weibull_logpdf
 
 
 def frac_equal(a: str, b: str) -> bool:
@@ -254,7 +254,7 @@ def test_default_grader_from_rewards_clusters_latex_forms():
 def test_mixture_gradient_matches_finite_differences():
     from scipy.optimize import approx_fprime
 
-    from capo_trl.evaluation.scaling import _mixture_nll
+    from capo_trl.evaluation.weibull import _mixture_nll
 
     logx = np.log(np.random.default_rng(4).uniform(0.05, 1.0, 20))
     for theta in ([0.3, 0.5, -1.0, 2.0, -0.1], [0.7, 1.5, -0.5, 0.2, -2.0]):

@@ -108,7 +108,14 @@ def run_eval(args) -> int:
         calibrate_on=calibration, calibration=args.calibration, target_precision=args.target_precision,
     )
     paths = result.save(out, plots=args.plots)
-    print(f"{args.benchmark}: {len(problems)} problems x {args.n} samples, temperature {args.temperature}")
+    _say_eval(args, result, len(problems), calibration)
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+def _say_eval(args, result, n_problems: int, calibration) -> None:
+    """The console summary of ``capo-trl eval``: the table, and what calibration and abstention found."""
+    print(f"{args.benchmark}: {n_problems} problems x {args.n} samples, temperature {args.temperature}")
     print(result.table())
     if calibration is not None:
         print(f"calibrated on {args.calibrate_on} ({len(calibration)} problems, {args.calibration}): ECE "
@@ -128,8 +135,6 @@ def run_eval(args) -> int:
                   f"{m['selective/precision']:.4f} [{m['selective/precision_ci_low']:.4f}, "
                   f"{m['selective/precision_ci_high']:.4f}] on {m['selective/n_answered']} answered samples of "
                   f"{m['selective/n_questions']} questions")
-    print("wrote " + ", ".join(str(p) for p in paths.values()))
-    return 0
 
 
 # ------------------------------------------------------------------------------------ train

@@ -19,27 +19,11 @@ from scipy.special import xlogy
 from scipy.stats import rankdata
 from sklearn.metrics import brier_score_loss, roc_auc_score
 
-__all__ = [
-    "auroc",
-    "auroc_per_question",
-    "auroc_per_draw",
-    "ece",
-    "reliability_bins",
-    "ReliabilityBins",
-    "brier",
-    "precision_coverage",
-    "aurc",
-    "e_aurc",
-    "pass_at_k",
-    "mean_at_k",
-]
+__all__ = ["auroc", "auroc_per_question", "auroc_per_draw", "ece", "reliability_bins", "ReliabilityBins", "brier",
+           "precision_coverage", "aurc", "e_aurc", "pass_at_k", "mean_at_k"]
 
 
-# --------------------------------------------------------------------------------------------
-# input handling
-# --------------------------------------------------------------------------------------------
-
-
+# ----------------------------------------------------------------------------- input handling
 def _as_float_array(x: Any, name: str) -> np.ndarray:
     """1-D float64 copy of a list / array / torch tensor; None entries become NaN."""
     if hasattr(x, "detach"):  # torch tensor, without importing torch here
@@ -102,11 +86,7 @@ def _group_codes(ids: list) -> tuple[np.ndarray, int]:
     return out, len(codes)
 
 
-# --------------------------------------------------------------------------------------------
-# AUROC
-# --------------------------------------------------------------------------------------------
-
-
+# -------------------------------------------------------------------------------------- AUROC
 def auroc(confidence: Any, correct: Any) -> float:
     """ROC AUC of confidence vs binary correctness (ties count 1/2, i.e. Mann-Whitney).
 
@@ -183,10 +163,7 @@ def auroc_per_draw(confidence: Any, correct: Any, question_ids: Any = None) -> t
         conf2 = _as_2d(confidence, "confidence")
         corr2 = _as_2d(correct, "correct")
         if conf2.shape != corr2.shape:
-            raise ValueError(
-                "confidence and correct must have the same shape, "
-                f"got {conf2.shape} and {corr2.shape}"
-            )
+            raise ValueError(f"confidence and correct must have the same shape, got {conf2.shape} and {corr2.shape}")
         n_problems, k = conf2.shape
         conf = conf2.reshape(-1)
         corr = corr2.reshape(-1)
@@ -223,11 +200,7 @@ def _as_2d(x: Any, name: str) -> np.ndarray:
     return arr
 
 
-# --------------------------------------------------------------------------------------------
-# ECE and Brier
-# --------------------------------------------------------------------------------------------
-
-
+# ------------------------------------------------------------------------------ ECE and Brier
 @dataclass(frozen=True)
 class ReliabilityBins:
     """Per-bin edges (B + 1), counts, mean confidence and accuracy (NaN where a bin is empty);
@@ -241,9 +214,7 @@ class ReliabilityBins:
 
 def _check_prob(p: np.ndarray, name: str = "confidence_prob") -> None:
     if p.size and (p.min() < 0.0 or p.max() > 1.0):
-        raise ValueError(
-            f"{name} must lie in [0, 1] (use exp(mean log-prob)), got [{p.min()}, {p.max()}]"
-        )
+        raise ValueError(f"{name} must lie in [0, 1] (use exp(mean log-prob)), got [{p.min()}, {p.max()}]")
 
 
 def reliability_bins(
@@ -297,11 +268,7 @@ def brier(confidence_prob: Any, correct: Any) -> float:
     return float(brier_score_loss(y.astype(np.int64), p, pos_label=1))
 
 
-# --------------------------------------------------------------------------------------------
-# selective prediction
-# --------------------------------------------------------------------------------------------
-
-
+# ----------------------------------------------------------------------- selective prediction
 def _sorted_tie_groups(confidence: Any, correct: Any):
     """Correctness sorted by confidence (highest first) and the end index of each tie group."""
     conf, corr = _prepare(confidence, correct)
@@ -362,11 +329,7 @@ def e_aurc(confidence: Any, correct: Any) -> float:
     return value - oracle
 
 
-# --------------------------------------------------------------------------------------------
-# accuracy over k samples
-# --------------------------------------------------------------------------------------------
-
-
+# -------------------------------------------------------------------- accuracy over k samples
 def _pass_at_k_scalar(n: int, c: int, k: int) -> float:
     if not (0 <= c <= n) or not (1 <= k <= n):
         raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")

@@ -214,27 +214,14 @@ def evaluate(model, tokenizer, problems, n: int = 16, *, ks: list[int] | None = 
     interval) measured here (``selective/*``; ``config["selective_bound"]`` says what the bound
     assumes).
     """
-    from . import confidence as conf
-
-    _check_calibration(calibration, target_precision, calibrate_on)
-    ks = check_settings(n=n, ks=ks, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
-                        batch_size=batch_size, backend=backend)
-    rows = _as_problems(problems)
-    cal_rows = _as_problems(calibrate_on) if calibrate_on is not None else None
-    if cal_rows is not None:
-        conf.check_disjoint([_prompt_key(r) for r in cal_rows], [_prompt_key(r) for r in rows],
-                            "calibrate_on and the evaluated problems")
+    ks, rows, cal_rows = _checked_inputs(problems, calibrate_on, calibration, target_precision, n=n, ks=ks,
+                                         temperature=temperature, top_p=top_p, top_k=top_k,
+                                         max_new_tokens=max_new_tokens, batch_size=batch_size, backend=backend)
     settings = dict(n=n, ks=ks, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
                     backend=backend, seed=seed,
                     confidence="s = mean token log-prob (incl. EOS) of log_softmax(logits / T); ECE/Brier use exp(s)")
     path = str(model) if isinstance(model, (str, Path)) else None
-    tokenizer = _load_tokenizer(tokenizer, path)
-    if backend != "vllm":
-        model = _load_model(model, device, dtype)
-    if grader is None:
-        from ..grader import default_grader
-
-        grader = default_grader()
+    model, tokenizer, grader = _loaded(model, tokenizer, path, backend, device, dtype, grader)
 
     def draw(part, part_seed):
         return _draw(model, tokenizer, path, part, part_seed, grader, n=n, temperature=temperature, top_p=top_p,
@@ -249,6 +236,32 @@ def evaluate(model, tokenizer, problems, n: int = 16, *, ks: list[int] | None = 
         recalibrate(result, draw(cal_rows, None if seed is None else seed + 1), calibration, target_precision,
                     selective_confidence, n_bins)
     return result
+
+
+def _checked_inputs(problems, calibrate_on, calibration: str, target_precision, **settings):
+    """Every check of :func:`evaluate`'s inputs, before any model loads: (ks, problems, calibration problems)."""
+    from . import confidence as conf
+
+    _check_calibration(calibration, target_precision, calibrate_on)
+    ks = check_settings(**settings)
+    rows = _as_problems(problems)
+    cal_rows = _as_problems(calibrate_on) if calibrate_on is not None else None
+    if cal_rows is not None:
+        conf.check_disjoint([_prompt_key(r) for r in cal_rows], [_prompt_key(r) for r in rows],
+                            "calibrate_on and the evaluated problems")
+    return ks, rows, cal_rows
+
+
+def _loaded(model, tokenizer, path: str | None, backend: str, device, dtype, grader):
+    """The model (vLLM loads its own from ``path``), the tokenizer and the grader (default: the shared one)."""
+    tokenizer = _load_tokenizer(tokenizer, path)
+    if backend != "vllm":
+        model = _load_model(model, device, dtype)
+    if grader is None:
+        from ..grader import default_grader
+
+        grader = default_grader()
+    return model, tokenizer, grader
 
 
 def _check_calibration(calibration: str, target_precision: float | None, calibrate_on) -> None:

@@ -1,7 +1,8 @@
 """The pre-registered comparison on a test bed task: several methods x seeds, paired by seed.
 
 ``run`` trains every (method, seed) from the task's start model, seed-major (every method of seed 0,
-then of seed 1, ...), ``--workers`` processes at a time, and writes ``<method>/seed<k>.json`` under
+then of seed 1, ...), ``--workers`` processes at a time (the harness's one driver,
+:mod:`capo_trl.harness.driver`; ``0`` runs here), and writes ``<method>/seed<k>.json`` under
 ``--out`` (test-split endpoints, per item kind, abstention coverage, what the noise mask dropped in
 training, validation history). A finished run is reused when the command is rerun. ``report``
 renders ``compare.md`` and ``summary.json`` from those files alone: per-arm means, each arm's paired
