@@ -7,9 +7,12 @@ Training is replaced by fakes: these tests check the driver and its front ends, 
 
 from __future__ import annotations
 
+import atexit
 import json
+import multiprocessing
 import os
 from functools import partial
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -20,19 +23,32 @@ METHODS = [("grpo", {"advantage_estimator": "grpo"}), ("capo", {"advantage_estim
 
 
 # ------------------------------------------------------------------------------------ the driver itself
-def fake_run(calls: str, fail: str, label: str, overrides: dict, seed: int) -> dict:
-    """A run in a worker process (module level: picklable): logs the call, says something, may fail."""
+def _pool_worker(stop, marker: str) -> None:
+    Path(marker).write_text("closed" if stop.wait(30) else "left running")
+
+
+def fake_run(calls: str, fail: str, pool: bool, label: str, overrides: dict, seed: int) -> dict:
+    """A run in a worker process (module level: picklable): logs the call, says something, may fail.
+
+    Like the grader, it leaves a worker process that an atexit handler stops: a worker that joined
+    its children before running atexit handlers (a multiprocessing child does) would wait for it.
+    """
     with open(calls, "a") as f:
         f.write(f"{label} {seed}\n")
+    if pool:
+        fork = multiprocessing.get_context("fork")
+        stop = fork.Event()
+        fork.Process(target=_pool_worker, args=(stop, str(Path(calls).with_name(f"{label}-{seed}.pool")))).start()
+        atexit.register(stop.set)
     print(f"training {label} seed {seed}", flush=True)
     if f"{label} {seed}" == fail:
         raise RuntimeError(f"{label} seed {seed} diverged")
     return {"method": label, "seed": seed, "pid": os.getpid(), "seconds": 0.0}
 
 
-def _study(tmp_path, fail: str = "", after=None) -> driver.Study:
+def _study(tmp_path, fail: str = "", after=None, pool: bool = True) -> driver.Study:
     return driver.Study(METHODS, [0, 1], path=lambda label, seed: tmp_path / label / f"seed{seed}.json",
-                        run=partial(fake_run, str(tmp_path / "calls.txt"), fail),
+                        run=partial(fake_run, str(tmp_path / "calls.txt"), fail, pool),
                         after=after or (lambda finished: None))
 
 
@@ -51,6 +67,8 @@ def test_worker_processes_save_every_run_and_a_rerun_runs_only_the_missing_one(t
     assert list(finished) == [("grpo", 0), ("capo", 0), ("grpo", 1), ("capo", 1)]  # plan order
     assert sorted(_calls(tmp_path)) == ["capo 0", "capo 1", "grpo 0", "grpo 1"]
     assert all(record["pid"] != os.getpid() for record in finished.values())  # each ran in a worker process
+    pools = {p.name: p.read_text() for p in tmp_path.glob("*.pool")}  # each ended as a program does: atexit ran
+    assert pools == {f"{label}-{seed}.pool": "closed" for label in ("grpo", "capo") for seed in (0, 1)}
     assert seen[0] == [] and len(seen) == 5 and seen[-1] == list(finished)  # once at the start, then per run
     saved = {key: (tmp_path / key[0] / f"seed{key[1]}.json").read_bytes() for key in finished}
     assert all(json.loads(data)["method"] == key[0] for key, data in saved.items())
@@ -74,9 +92,21 @@ def test_a_failed_worker_run_is_reported_the_others_finish_and_the_study_raises(
         "capo/seed0.json", "capo/seed1.json", "grpo/seed0.json"]
 
 
+def test_a_run_defined_in_main_is_refused_with_workers(tmp_path):
+    def local(label, overrides, seed):
+        return {}
+
+    local.__module__ = "__main__"
+    study = driver.Study(METHODS, [0], path=lambda label, seed: tmp_path / f"{label}{seed}.json", run=local)
+    with pytest.raises(ValueError, match="cannot import"):
+        driver.run_study(study, workers=1)
+    with pytest.raises(ValueError, match="workers=-1"):
+        driver.run_study(study, workers=-1)
+
+
 def test_in_this_process_a_failure_stops_the_study_at_once(tmp_path):
     with pytest.raises(RuntimeError, match="grpo seed 0 diverged"):
-        driver.run_study(_study(tmp_path, fail="grpo 0"))
+        driver.run_study(_study(tmp_path, fail="grpo 0", pool=False))
     assert _calls(tmp_path) == ["grpo 0"] and not list(tmp_path.glob("*/*.json"))
 
 

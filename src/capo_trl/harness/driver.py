@@ -12,12 +12,12 @@ record whole the moment its run has finished, from the process that ran it.
 from __future__ import annotations
 
 import json
-import os
+import pickle
+import subprocess
+import sys
 import tempfile
-import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Callable
 
@@ -86,6 +86,8 @@ def run_study(study: Study, workers: int = 0) -> dict:
     ``workers=N`` runs N at a time, each in a fresh interpreter (its memory returned when it ends),
     and a failed run is reported while the others go on; the study raises once all have ended.
     """
+    if not isinstance(workers, int) or workers < 0:
+        raise ValueError(f"workers={workers!r} is invalid; it must be an integer >= 0 (0 runs here).")
     planned = plan(study.methods, study.seeds)
     finished = {}
     for label, overrides, seed in planned:
@@ -126,43 +128,41 @@ def _run_and_save(run, path: Path, label: str, overrides: dict, seed: int) -> No
     write_json(path, record)
 
 
-def _in_child(log: str, run, path: Path, label: str, overrides: dict, seed: int) -> None:
-    """A worker process: its output goes to ``log`` (shown only when the run fails)."""
-    fd = os.open(log, os.O_WRONLY | os.O_APPEND)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    _run_and_save(run, path, label, overrides, seed)
+# A worker: a plain interpreter given the parent's import path, then its pickled job on stdin. It ends
+# as any Python program does, so atexit handlers run (the grader's worker pool is closed by one; a
+# multiprocessing child skips them and would wait for that pool forever).
+_WORKER = ("import pickle, sys; sys.path[:] = pickle.load(sys.stdin.buffer); "
+           "from capo_trl.harness.driver import _worker; _worker(sys.stdin.buffer)")
+
+
+def _worker(stream) -> None:
+    _run_and_save(*pickle.load(stream))
+
+
+def _in_worker(run, path: Path, job: tuple) -> str | None:
+    """One run in a fresh interpreter: None once its record is saved, else its error and the end of its output."""
+    payload = pickle.dumps(list(sys.path)) + pickle.dumps((run, path, *job))
+    with tempfile.TemporaryFile() as log:
+        done = subprocess.run([sys.executable, "-c", _WORKER], input=payload, stdout=log, stderr=subprocess.STDOUT)
+        if done.returncode == 0:
+            return None
+        log.seek(0)
+        return f"exit code {done.returncode}\n" + log.read().decode(errors="replace")[-FAILURE_TAIL:]
 
 
 def _execute(study: Study, todo: list, workers: int):
     """Yields ``(job, None)`` for each finished run, ``(job, error text)`` for each failed one (workers only)."""
-    if workers < 0:
-        raise ValueError(f"workers={workers!r} is invalid; it must be >= 0 (0 runs here).")
     if not workers:
         for label, overrides, seed in todo:
             _run_and_save(study.run, study.path(label, seed), label, overrides, seed)
             yield (label, overrides, seed), None
         return
-    spawn, lock = get_context("spawn"), threading.Lock()
-
-    def one(job):
-        label, overrides, seed = job
-        with tempfile.NamedTemporaryFile("w", prefix="capo-run-", suffix=".log", delete=False) as f:
-            log = f.name
-        try:
-            with lock:  # start one process at a time: a spawn reads the parent's state
-                child = spawn.Process(target=_in_child, args=(log, study.run, study.path(label, seed), *job))
-                child.start()
-            child.join()
-            if child.exitcode == 0:
-                return None
-            tail = Path(log).read_text(errors="replace")[-FAILURE_TAIL:]
-            return f"exit code {child.exitcode}\n{tail}"
-        finally:
-            os.unlink(log)
-
-    with ThreadPoolExecutor(workers) as pool:
-        futures = {pool.submit(one, job): job for job in todo}  # the queue keeps the plan's order
+    func = getattr(study.run, "func", study.run)
+    if getattr(func, "__module__", None) == "__main__":
+        raise ValueError(f"{func.__qualname__} is defined in __main__, which a worker process cannot import; "
+                         "define it in a module (or run with workers=0).")
+    with ThreadPoolExecutor(workers) as pool:  # its queue starts the runs in the plan's order
+        futures = {pool.submit(_in_worker, study.run, study.path(job[0], job[2]), job): job for job in todo}
         for future in as_completed(futures):
             yield futures[future], future.result()
 

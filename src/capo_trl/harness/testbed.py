@@ -244,5 +244,7 @@ def main(argv=None):
     run_all(args, methods)
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # through the module's own name, so worker processes can import train_record
+    from capo_trl.harness.testbed import main as _main
+
+    _main()
