@@ -129,8 +129,8 @@ def _run_and_save(run, path: Path, label: str, overrides: dict, seed: int) -> No
 
 
 # A worker: a plain interpreter given the parent's import path, then its pickled job on stdin. It ends
-# as any Python program does, so atexit handlers run (the grader's worker pool is closed by one; a
-# multiprocessing child skips them and would wait for that pool forever).
+# as any Python program does: atexit handlers first (one closes the grader's worker pool), then its
+# child processes are joined. A multiprocessing child joins them first and would wait for that pool forever.
 _WORKER = ("import pickle, sys; sys.path[:] = pickle.load(sys.stdin.buffer); "
            "from capo_trl.harness.driver import _worker; _worker(sys.stdin.buffer)")
 
