@@ -21,6 +21,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from capo_trl.harness.paired import holm, paired_test, t_power
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
 PAGES = (ROOT / "README.md", ROOT / "docs" / "concepts.md", RESULTS / "README.md", *sorted(RESULTS.glob("*/README.md")))
@@ -220,32 +222,13 @@ def paired(a: str, b: str, key: str = "auroc") -> dict:
 
     seeds = summary(f"{TESTBED_DIR}/summary.json")["complete_seeds"]
     d = np.subtract(_by_seed(a, key), _by_seed(b, key))
-    test = stats.ttest_1samp(d, 0.0)
-    flip = stats.permutation_test((d,), lambda x, axis: np.mean(x, axis=axis), vectorized=True,
-                                  permutation_type="samples", n_resamples=np.inf)
     loo = {seed: tuple(stats.ttest_1samp(np.delete(d, i), 0.0).confidence_interval()) for i, seed in enumerate(seeds)}
-    low, high = test.confidence_interval()
-    return {"mean": float(d.mean()), "low": float(low), "high": float(high), "p": float(test.pvalue),
-            "flip_p": float(flip.pvalue), "favour": int((d > 0).sum()), "n": len(d), "sd": float(d.std(ddof=1)),
-            "loo": {s: (float(lo), float(hi)) for s, (lo, hi) in loo.items()}}
-
-
-def holm(pvalues: dict) -> dict:
-    """Holm's step-down adjusted p-values (each the running maximum of ``(m - rank) * p``, capped at 1)."""
-    ordered, running, out = sorted(pvalues, key=pvalues.get), 0.0, {}
-    for rank, name in enumerate(ordered):
-        running = max(running, min(1.0, (len(ordered) - rank) * pvalues[name]))
-        out[name] = running
-    return out
+    return {**paired_test(d), "loo": {s: (float(lo), float(hi)) for s, (lo, hi) in loo.items()}}
 
 
 def observed_power(d: dict, alpha: float = 0.05) -> float:
     """Power of the two-sided paired t test at ``d``'s own n, for an effect equal to its observed mean and sd."""
-    from scipy import stats
-
-    n, crit = d["n"], stats.t.ppf(1 - alpha / 2, d["n"] - 1)
-    shift = d["mean"] / d["sd"] * n ** 0.5
-    return float(stats.nct.sf(crit, n - 1, shift) + stats.nct.cdf(-crit, n - 1, shift))
+    return t_power(d["mean"], d["sd"], d["n"], alpha)
 
 
 def testbed_facts() -> dict:
@@ -306,7 +289,15 @@ def render_testbed_robustness() -> str:
             f"observed effect and sd: {f['power']:.2f}.\n\n" + second)
 
 
-TESTBED_RENDER = {"guess-half-words": render_testbed_words, "guess-half-robustness": render_testbed_robustness}
+def render_mask_study() -> str:
+    """The confirmatory study's block: the protocol's analysis of its committed run files."""
+    from capo_trl.harness import confirmatory
+
+    plan = confirmatory.MASK_STUDY
+    return confirmatory.render(confirmatory.analyse(RESULTS / "guess-half-mask-study", plan), plan)
+
+
+TESTBED_RENDER = {"guess-half-mask-study": render_mask_study, "guess-half-words": render_testbed_words, "guess-half-robustness": render_testbed_robustness}
 
 
 RENDER = {"arithmetic-200-steps": render_main, "grader-noise-1-seed": render_noise,

@@ -1,0 +1,269 @@
+"""The analysis of a pre-registered, group-sequential comparison by seed, as its protocol fixes it in advance.
+
+A study's folder holds ``config.json`` (the method labels it ran, in arm order), ``start.json`` and one
+``<arm>/seed<k>.json`` per finished run (the test-bed record, :mod:`capo_trl.harness.testbed`). What the
+analysis shows depends only on those files, so anyone re-renders it from a clone:
+
+- before the first look, progress only (no endpoint is computed, so nobody peeks);
+- at a look (the first ``looks[i][0]`` complete seeds, by seed number), the primary contrast's paired t
+  test at that look's alpha with its interval, the sign-flip sensitivity test, then the secondaries with
+  Holm's correction (confirmatory only if the primary holds), the safety endpoints and the descriptives;
+- the study stops at the first look whose primary p is below its alpha, at ``max_seeds`` complete seeds,
+  or when ``closed.json`` (written by ``close`` at the deadline) says so: then the last look is the final one,
+  on every complete seed.
+
+    python -m capo_trl.harness.confirmatory collect --runs runs/testbed/mask-study --into docs/results/guess-half-mask-study
+    python -m capo_trl.harness.confirmatory report --into docs/results/guess-half-mask-study
+    python -m capo_trl.harness.confirmatory close --into docs/results/guess-half-mask-study
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .paired import holm, paired_test
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a protocol fixes before its first run: arms (name -> method label, the first the reference), the
+    primary contrast, the looks (complete seeds, two-sided alpha), the ordered secondaries and the safety rules."""
+
+    arms: dict
+    primary: tuple  # (endpoint, arm, minus arm)
+    looks: tuple  # ((complete seeds, alpha), ...); the last is the final look
+    secondaries: tuple  # ((endpoint, arm, minus arm), ...), one Holm family
+    deadline: str
+    family_alpha: float = 0.05
+    safety: tuple = ("accuracy",)
+    collapse_tokens: float = 36.0  # a run whose mean completion length on the test split is at least this
+    descriptive: tuple = ("e_aurc", "ece", "auroc_question", "coverage@0.8", "derivable/accuracy",
+                          "guessable/accuracy", "derivable/mean_score", "guessable/mean_score")
+
+    @property
+    def max_seeds(self) -> int:
+        return self.looks[-1][0]
+
+
+_FIXED = "ref_thresholds=fixed:ref_high=1.0336:ref_low=1.0563"
+MASK_STUDY = Plan(
+    arms={"grpo": "grpo:skip_zero_advantage_rows=true", "capo-nomask": "capo-nomask", "capo-fixed": f"capo:{_FIXED}",
+          "capo-mask-correct": f"capo-mask-correct:{_FIXED}", "capo-mask-wrong": f"capo-mask-wrong:{_FIXED}",
+          "capo-fixed-unmasked": f"capo:{_FIXED}:noise_mask_normalizer=unmasked"},
+    primary=("auroc", "capo-nomask", "grpo"),
+    looks=((12, 0.005), (24, 0.047)),
+    secondaries=(("guessable/modal_share", "capo-nomask", "grpo"), ("auroc", "capo-fixed", "capo-nomask"),
+                 ("auroc", "capo-mask-correct", "capo-nomask"), ("auroc", "capo-mask-wrong", "capo-nomask"),
+                 ("auroc", "capo-fixed-unmasked", "capo-nomask")),
+    deadline="2026-12-20T00:00:00+00:00",
+)
+PLANS = {"guess-half-mask-study": MASK_STUDY}
+
+
+def check_config(folder: Path, plan: Plan) -> dict:
+    """The study's ``config.json``, refused unless it ran exactly the plan's arms in the plan's order."""
+    config = json.loads((folder / "config.json").read_text())
+    if config["methods"] != list(plan.arms.values()):
+        raise ValueError(f"{folder}/config.json ran {config['methods']}, the plan's arms are "
+                         f"{list(plan.arms.values())}; analyse it with the plan its protocol fixed.")
+    return config
+
+
+def collect(runs: Path, into: Path, plan: Plan) -> list[str]:
+    """Copy each finished run (``<label>/seed<k>.json``) into the study folder under its arm's name (a label holds
+    characters a file name should not); never overwrite a copied run. Returns what was new."""
+    check_config(runs, plan)
+    into.mkdir(parents=True, exist_ok=True)
+    new = []
+    for name in ("config.json", "start.json"):
+        if (runs / name).is_file() and not (into / name).is_file():
+            shutil.copy(runs / name, into / name)
+            new.append(name)
+    for arm, label in plan.arms.items():
+        for path in sorted((runs / label).glob("seed*.json")):
+            target = into / arm / path.name
+            if not target.is_file():
+                target.parent.mkdir(exist_ok=True)
+                shutil.copy(path, target)
+                new.append(f"{arm}/{path.name}")
+    return new
+
+
+def load(folder: Path, plan: Plan) -> tuple[dict, dict]:
+    """The config and every finished run, ``runs[arm][seed]``."""
+    config = check_config(folder, plan)
+    runs = {arm: {s: json.loads((folder / arm / f"seed{s}.json").read_text()) for s in config["seeds"]
+                  if (folder / arm / f"seed{s}.json").is_file()} for arm in plan.arms}
+    return config, runs
+
+
+def _contrast(runs, seeds, endpoint, arm, minus, confidence=0.95, flip=False) -> dict:
+    """``arm - minus`` by seed; the sign-flip test only where the protocol uses it (the primary's sensitivity)."""
+    diffs = [runs[arm][s][endpoint] - runs[minus][s][endpoint] for s in seeds]
+    return {"endpoint": endpoint, "arm": arm, "minus": minus, **paired_test(diffs, confidence, flip), "diffs": diffs}
+
+
+def _look(config: dict, runs: dict, plan: Plan, closed: bool) -> tuple[int | None, list, bool]:
+    """Which look the files have reached: its index (None before the first), its seeds, and whether it is final."""
+    complete = [s for s in config["seeds"] if all(s in runs[arm] for arm in plan.arms)]
+    reached = [i for i, (n, _) in enumerate(plan.looks) if len(complete) >= n]
+    if closed or len(complete) >= plan.max_seeds:
+        return len(plan.looks) - 1, complete[:plan.max_seeds], True
+    if not reached:
+        return None, complete, False
+    i = reached[-1]
+    return i, complete[:plan.looks[i][0]], False
+
+
+def analyse(folder: Path, plan: Plan) -> dict:
+    """The analysis the protocol fixes, at the look the committed files have reached."""
+    config, runs = load(folder, plan)
+    closed_file = folder / "closed.json"
+    closed = json.loads(closed_file.read_text()) if closed_file.is_file() else None
+    index, seeds, final = _look(config, runs, plan, closed is not None)
+    out = {"finished": {arm: sorted(r) for arm, r in runs.items()}, "planned_seeds": config["seeds"],
+           "deadline": plan.deadline, "closed": closed, "look": None}
+    if index is None:
+        return out
+    alpha = plan.looks[index][1]
+    primary = _contrast(runs, seeds, *plan.primary, confidence=1 - alpha, flip=True)
+    holds = primary["p"] < alpha
+    secondary = [_contrast(runs, seeds, *c) for c in plan.secondaries]
+    adjusted = holm({i: c["p"] for i, c in enumerate(secondary)})
+    for i, c in enumerate(secondary):
+        c["holm_p"], c["rejected"] = adjusted[i], holds and adjusted[i] < plan.family_alpha
+    ref = next(iter(plan.arms))
+    safety = {k: {arm: _contrast(runs, seeds, k, arm, ref) for arm in list(plan.arms)[1:]} for k in plan.safety}
+    collapse = {arm: [s for s in seeds if runs[arm][s]["mean_tokens"] >= plan.collapse_tokens] for arm in plan.arms}
+    keys = (plan.primary[0], *plan.safety, "guessable/modal_share", "mean_tokens", *plan.descriptive)
+    means = {arm: {k: float(np.mean([runs[arm][s][k] for s in seeds])) for k in keys} for arm in plan.arms}
+    incomplete = sorted({s for r in runs.values() for s in r} - set(seeds))
+    stop = holds or final
+    out.update(look={"index": index, "name": "final" if final or index == len(plan.looks) - 1 else "interim",
+                     "alpha": alpha, "seeds": seeds, "incomplete_seeds": incomplete, "stop": stop,
+                     "reason": ("efficacy" if holds and not final else "final look" if final else None)},
+               primary={**primary, "holds": holds}, secondary=secondary, confirmatory_secondaries=holds,
+               safety=safety, collapse=collapse, means=means, mask=_mask_shares(runs, seeds),
+               start={k: json.loads((folder / "start.json").read_text()).get(k, math.nan) for k in keys})
+    return out
+
+
+def _mask_shares(runs: dict, seeds: list) -> dict:
+    """For each masked arm, the shares dropped in training: lucky guesses (correct answers to guessable items),
+    true answers (correct, derivable) and wrong answers, summed over the look's seeds."""
+    shares = {}
+    for arm, by_seed in runs.items():
+        counts: dict = {}
+        for s in seeds:
+            for k, v in by_seed[s]["mask"].items():
+                counts[k] = counts.get(k, 0) + v
+        if not any(k.endswith("/dropped") for k in counts):
+            continue
+
+        def share(*parts):
+            total = sum(v for k, v in counts.items() if all(p in k.split("/") for p in parts))
+            dropped = sum(v for k, v in counts.items() if all(p in k.split("/") for p in (*parts, "dropped")))
+            return dropped / total if total else math.nan
+        shares[arm] = {"lucky guesses": share("guessable", "correct"), "true answers": share("derivable", "correct"),
+                       "wrong answers": share("wrong")}
+    return shares
+
+
+def _iv(c: dict) -> str:
+    return f"{c['mean']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}]"
+
+
+def _table(header: list, body: list) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in body)]
+
+
+def render(analysis: dict, plan: Plan) -> str:
+    """The study's numbers as markdown, from :func:`analyse` only (its page renders this block)."""
+    finished = analysis["finished"]
+    lines = [f"Runs finished per arm (of {len(analysis['planned_seeds'])} planned seeds): "
+             + ", ".join(f"`{arm}` {len(seeds)}" for arm, seeds in finished.items()) + "."]
+    look = analysis["look"]
+    if look is None:
+        first = plan.looks[0][0]
+        return "\n".join(lines + ["", f"No look yet: the first is at {first} complete seeds; until then no endpoint "
+                                       "is computed."]) + "\n"
+    p, n = analysis["primary"], len(look["seeds"])
+    level = f"{100 * p['confidence']:.1f}%"
+    state = (f"stopped for efficacy at the {look['name']} look" if look["reason"] == "efficacy" else
+             "final look" if look["reason"] == "final look" else
+             f"{look['name']} look passed without stopping; the study goes on to {plan.max_seeds} complete seeds")
+    lines += ["", f"**Look: {look['name']}** ({state}), {n} complete seeds ({', '.join(map(str, look['seeds']))}), "
+              f"two-sided alpha {look['alpha']}."
+              + (f" Finished runs of seeds {', '.join(map(str, look['incomplete_seeds']))} are not in this look."
+                 if look["incomplete_seeds"] else ""), ""]
+    lines += _table(["contrast", "endpoint", "mean", f"{level} t interval", "paired t p", "sign-flip p",
+                     "seeds above 0", "sd of the differences", "holds"],
+                    [[f"{p['arm']} - {p['minus']} (primary)", p["endpoint"], f"{p['mean']:+.3f}",
+                      f"[{p['low']:+.3f}, {p['high']:+.3f}]", f"{p['p']:.4f}", f"{p['flip_p']:.4f}",
+                      f"{p['favour']} of {p['n']}", f"{p['sd']:.3f}", "yes" if p["holds"] else "no"]])
+    kind = "confirmatory" if analysis["confirmatory_secondaries"] else "exploratory (the primary does not hold)"
+    lines += ["", f"Secondary contrasts, Holm's correction over the family of {len(analysis['secondary'])} "
+              f"(alpha {plan.family_alpha}), {kind}; mean [95% t interval]:", ""]
+    lines += _table(["contrast", "endpoint", "mean [95% t interval]", "paired t p", "Holm p", "rejected"],
+                    [[f"{c['arm']} - {c['minus']}", c["endpoint"], _iv(c), f"{c['p']:.4f}", f"{c['holm_p']:.4f}",
+                      "yes" if c["rejected"] else "no"] for c in analysis["secondary"]])
+    ref = next(iter(plan.arms))
+    lines += ["", f"Safety, against `{ref}`: mean [95% t interval]; collapse = mean completion length on the test "
+              f"split >= {plan.collapse_tokens:g} tokens.", ""]
+    lines += _table(["arm", *plan.safety, "collapsed runs"],
+                    [[arm] + [_iv(analysis["safety"][k][arm]) if arm != ref else "(reference)" for k in plan.safety]
+                     + [f"{len(analysis['collapse'][arm])} of {n}"] for arm in plan.arms])
+    keys = list(next(iter(analysis["means"].values())))
+    lines += ["", "Means over the look's seeds (descriptive):", ""]
+    lines += _table(["model", *keys], [["start"] + [f"{analysis['start'][k]:.3f}" for k in keys]]
+                    + [[arm] + [f"{m[k]:.3f}" for k in keys] for arm, m in analysis["means"].items()])
+    if analysis["mask"]:
+        lines += ["", "Noise mask in training: share of completions dropped (the look's seeds):", ""]
+        kinds = list(next(iter(analysis["mask"].values())))
+        lines += _table(["arm", *kinds], [[arm] + [f"{v[k]:.3f}" for k in kinds] for arm, v in analysis["mask"].items()])
+    return "\n".join(lines) + "\n"
+
+
+def close(folder: Path, plan: Plan, now: datetime.datetime | None = None) -> dict:
+    """At the deadline: record that the study ends with the seeds complete now (refused before the deadline)."""
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    if now < datetime.datetime.fromisoformat(plan.deadline):
+        raise ValueError(f"the deadline is {plan.deadline}; before it the study ends only at {plan.max_seeds} "
+                         "complete seeds or when a look stops it.")
+    record = {"closed_at": now.isoformat(timespec="seconds")}
+    (folder / "closed.json").write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=("collect", "report", "close"))
+    parser.add_argument("--into", type=Path, required=True, help="the study's folder under docs/results/")
+    parser.add_argument("--runs", type=Path, help="collect: the folder `harness.testbed run --out` wrote")
+    parser.add_argument("--plan", default=None, help=f"one of {sorted(PLANS)} (default: the folder's name)")
+    args = parser.parse_args(argv)
+    plan_name = args.plan or args.into.name
+    if plan_name not in PLANS:
+        parser.error(f"--plan: no plan named {plan_name!r}; use one of {sorted(PLANS)}")
+    plan = PLANS[plan_name]
+    if args.command == "collect":
+        if args.runs is None:
+            parser.error("collect needs --runs (the folder `python -m capo_trl.harness.testbed run --out` wrote)")
+        print("\n".join(collect(args.runs, args.into, plan)) or "nothing new")
+    elif args.command == "close":
+        print(close(args.into, plan))
+    else:
+        print(render(analyse(args.into, plan), plan), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

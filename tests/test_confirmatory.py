@@ -1,0 +1,122 @@
+"""The pre-registered analysis (harness/confirmatory.py): the paired tests against hand-computed values, the
+looks and the stopping rule on synthetic study folders, and the copy of runs under arm names."""
+
+import datetime
+import json
+import math
+
+import numpy as np
+import pytest
+
+from capo_trl.harness import confirmatory as cf
+from capo_trl.harness.paired import holm, paired_test, sign_flip_p
+
+PLAN = cf.MASK_STUDY
+KEYS = ("auroc", "accuracy", "guessable/modal_share", "mean_tokens", *PLAN.descriptive)
+
+
+def test_paired_test_by_hand():
+    """d = 1, 2, 3: t = 2 / (1 / sqrt 3) with 2 df, p = 1 - 2 * t / (2 sqrt(t^2 + 2)) (the t(2) cdf in closed
+    form); of the 8 sign patterns exactly 2 (+++, ---) reach |mean| >= 2, so the exact sign-flip p is 1/4."""
+    got = paired_test([1.0, 2.0, 3.0])
+    t = 2 * math.sqrt(3)
+    assert got["mean"] == pytest.approx(2.0) and got["sd"] == pytest.approx(1.0)
+    assert got["p"] == pytest.approx(1 - t / math.sqrt(t * t + 2), rel=1e-9)
+    assert got["flip_p"] == pytest.approx(0.25, abs=1e-12)
+    assert (got["n"], got["favour"]) == (3, 3)
+
+
+def test_sign_flips_beyond_the_exact_limit_are_random_but_reproducible():
+    d = np.ones(20)  # exact p would be 2 / 2^20
+    first = sign_flip_p(d)
+    assert first == sign_flip_p(d) and first < 1e-4
+
+
+def test_holm_by_hand():
+    assert holm({"a": 0.01, "b": 0.04, "c": 0.03}) == pytest.approx({"a": 0.03, "c": 0.06, "b": 0.06})
+
+
+def write_study(folder, seeds_done, effect=0.1, noise=0.02, drop=()):
+    """A study folder as the runner writes it: every arm's seed files for ``seeds_done``; ``drop``: (arm, seed)
+    runs not finished."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({"methods": list(PLAN.arms.values()), "seeds": list(range(24))}))
+    (folder / "start.json").write_text(json.dumps({k: 0.5 for k in KEYS}))
+    for s in seeds_done:
+        rng = np.random.default_rng(s)
+        base = 0.70 + rng.normal(0, 0.05)
+        for arm in PLAN.arms:
+            if (arm, s) in drop:
+                continue
+            rec = {k: float(rng.uniform(0.2, 0.6)) for k in KEYS}
+            rec["auroc"] = base + (effect if arm != "grpo" else 0.0) + rng.normal(0, noise)
+            rec["mean_tokens"] = 40.0 if (arm, s) == ("grpo", 0) else 20.0
+            rec["mask"] = ({"guessable/correct/dropped": 1, "guessable/correct/kept": 3, "derivable/wrong/kept": 2}
+                           if arm.startswith("capo-") and arm != "capo-nomask" else {})
+            (folder / arm).mkdir(exist_ok=True)
+            (folder / arm / f"seed{s}.json").write_text(json.dumps(rec))
+    return folder
+
+
+def test_before_the_first_look_nothing_is_computed(tmp_path):
+    a = cf.analyse(write_study(tmp_path, range(11)), PLAN)
+    assert a["look"] is None and "primary" not in a
+    text = cf.render(a, PLAN)
+    assert "No look yet" in text and "auroc" not in text
+
+
+def test_the_interim_look_uses_the_first_twelve_complete_seeds_and_stops_for_efficacy(tmp_path):
+    folder = write_study(tmp_path, [*range(12), 13, 14], drop={("capo-fixed", 13)})
+    a = cf.analyse(folder, PLAN)
+    look = a["look"]
+    assert (look["name"], look["alpha"], look["seeds"]) == ("interim", 0.005, list(range(12)))
+    assert look["incomplete_seeds"] == [13, 14] and look["stop"] and look["reason"] == "efficacy"
+    assert a["primary"]["holds"] and a["primary"]["confidence"] == pytest.approx(0.995)
+    assert a["confirmatory_secondaries"] and a["collapse"]["grpo"] == [0]
+    assert a["mask"]["capo-fixed"] == {"lucky guesses": 0.25, "true answers": pytest.approx(math.nan, nan_ok=True),
+                                       "wrong answers": 0.0}
+    assert "stopped for efficacy at the interim look" in cf.render(a, PLAN)
+
+
+def test_no_effect_goes_on_to_the_final_look_at_alpha_0_047(tmp_path):
+    a = cf.analyse(write_study(tmp_path, range(12), effect=0.0), PLAN)
+    assert not a["look"]["stop"] and not a["primary"]["holds"] and not a["confirmatory_secondaries"]
+    assert not any(c["rejected"] for c in a["secondary"])
+    assert "exploratory" in cf.render(a, PLAN)
+    b = cf.analyse(write_study(tmp_path / "full", range(24), effect=0.0), PLAN)
+    assert (b["look"]["name"], b["look"]["alpha"], len(b["look"]["seeds"])) == ("final", 0.047, 24)
+    assert b["primary"]["confidence"] == pytest.approx(0.953)
+
+
+def test_closing_at_the_deadline_makes_the_last_look_final(tmp_path):
+    folder = write_study(tmp_path, range(14), effect=0.0)
+    with pytest.raises(ValueError, match="the deadline is 2026-12-20"):
+        cf.close(folder, PLAN, now=datetime.datetime(2026, 12, 19, tzinfo=datetime.timezone.utc))
+    cf.close(folder, PLAN, now=datetime.datetime(2026, 12, 20, 1, tzinfo=datetime.timezone.utc))
+    a = cf.analyse(folder, PLAN)
+    assert (a["look"]["name"], a["look"]["alpha"], a["look"]["seeds"]) == ("final", 0.047, list(range(14)))
+
+
+def test_collect_copies_runs_under_arm_names_once(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "config.json").write_text(json.dumps({"methods": list(PLAN.arms.values()), "seeds": [0]}))
+    for label in PLAN.arms.values():
+        (runs / label).mkdir()
+        (runs / label / "seed0.json").write_text("{}")
+    into = tmp_path / "study"
+    assert sorted(cf.collect(runs, into, PLAN)) == sorted(["config.json", *(f"{a}/seed0.json" for a in PLAN.arms)])
+    assert cf.collect(runs, into, PLAN) == []
+    (runs / "config.json").write_text(json.dumps({"methods": ["grpo"], "seeds": [0]}))
+    with pytest.raises(ValueError, match="the plan's arms are"):
+        cf.collect(runs, into, PLAN)
+
+
+def test_the_plan_is_the_protocols_command():
+    """The arms the analysis expects are the method specifications the protocol's command runs."""
+    from pathlib import Path
+
+    protocol = (Path(__file__).parents[1] / "docs/results/guess-half-mask-study/protocol.md").read_text()
+    fixed = "ref_thresholds=fixed:ref_high=1.0336:ref_low=1.0563"
+    for label in PLAN.arms.values():
+        assert label.replace(fixed, "$M") in protocol or label in protocol, label
