@@ -179,3 +179,21 @@ def test_compare_and_the_test_bed_resume_through_the_one_driver(fakes, tmp_path,
         if pair != ("capo", 0):
             assert path(*pair).read_bytes() == saved[pair]
     assert json.loads(path("capo", 0).read_text())["seed"] == 0
+
+
+def test_the_pilot_resumes_through_the_one_driver(fakes, tmp_path):
+    from capo_trl.data.tasks import get_task
+    from capo_trl.harness import pilot
+
+    out = tmp_path / "pilot"
+    argv = ["--task", "guess-half", "--model", str(get_task("guess-half").model_path()), "--seeds", "0", "1",
+            "--steps", "2", "--test_problems", "4", "--out", str(out)]
+    pilot.main(argv)
+    assert fakes.studies == [[("grpo", 0), ("grpo", 1)]] and fakes.trained == [("grpo", 0), ("grpo", 1)]
+    assert list(json.loads((out / "verdict.json").read_text())["per_seed"]) == ["0", "1"]
+    kept = (out / "seed0.json").read_bytes()
+    (out / "seed1.json").unlink()
+    pilot.main(argv)
+    assert fakes.trained == [("grpo", 0), ("grpo", 1), ("grpo", 1)]  # only the missing seed
+    assert (out / "seed0.json").read_bytes() == kept and (out / "seed1.json").is_file()
+    assert "GRPO seed 1" in (out / "pilot.md").read_text()

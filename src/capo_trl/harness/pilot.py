@@ -88,7 +88,7 @@ def pilot_budget(args):
                   model=args.model, progress=False)
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", choices=[name for name in TASKS if name != "arithmetic"], required=True)
     parser.add_argument("--model", required=True, help="the start model (trained for the task)")
@@ -98,7 +98,7 @@ def main():
     parser.add_argument("--test_problems", type=int, default=512)
     parser.add_argument("--out", required=True)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the machine is shared)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
