@@ -174,13 +174,13 @@ def _describe(record: dict) -> str:
     return f"{record['seconds']:.0f}s  " + "  ".join(f"{k}={v:.4f}" for k, v in record["headline"].items())
 
 
-def _write_outputs(out: Path, methods, plan, budget: Budget, start: dict, finished: dict) -> dict:
+def _write_outputs(out: Path, methods, planned, budget: Budget, start: dict, finished: dict) -> dict:
     """metrics.csv, final.csv, summary.json and report.md from the finished runs; plots once all are done."""
-    first_seed = plan[0][2]
+    first_seed = planned[0][2]
     rows, finals, curves = [], {START: [start["headline"]]}, {START: [start["precision_coverage"]]}
     final_rows = [{"method": START, "seed": first_seed, **start["headline"]}]  # the start model: once
     missing, seconds = [], start.get("seconds") or 0.0
-    for label, _, seed in plan:
+    for label, _, seed in planned:
         record = finished.get((label, seed))
         if record is None:
             missing.append(f"{label} seed {seed}")
@@ -202,9 +202,9 @@ def _write_outputs(out: Path, methods, plan, budget: Budget, start: dict, finish
         writer.writeheader()
         writer.writerows(final_rows)
     summary = {label: {k: _mean_std([v[k] for v in per_seed]) for k in HEADLINE} for label, per_seed in finals.items()}
-    seeds = len({seed for _, _, seed in plan})
+    seeds = len({seed for _, _, seed in planned})
     counts = {label: len(per_seed) for label, per_seed in finals.items()}
-    _write_report(out, methods, seeds, budget, summary, seconds, done=len(plan) - len(missing), missing=missing,
+    _write_report(out, methods, seeds, budget, summary, seconds, done=len(planned) - len(missing), missing=missing,
                   counts=counts)
     drawn = None
     if missing:  # plots of an earlier, smaller comparison would mislead
@@ -215,7 +215,7 @@ def _write_outputs(out: Path, methods, plan, budget: Budget, start: dict, finish
         plots.precision_coverage_by_method(curves, out / "precision_coverage.png")
     (out / "summary.json").write_text(json.dumps(_plain({
         "budget": asdict(budget), "summary": summary, "plotted_points": drawn, "complete": not missing,
-        "runs": {"finished": len(plan) - len(missing), "planned": len(plan), "missing": missing}}), indent=2))
+        "runs": {"finished": len(planned) - len(missing), "planned": len(planned), "missing": missing}}), indent=2))
     return summary
 
 
