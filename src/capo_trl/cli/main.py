@@ -150,8 +150,7 @@ def run_train(args) -> int:
     from .train_flags import precheck
 
     try:  # --help and unknown flags or recipe keys answer here, from a file: TRL loads in ~10 s
-        if precheck(args.train_args):
-            return 0
+        precheck(args.train_args)
     except ValueError as err:
         print(f"capo-trl train: {' '.join(str(err).split())}", file=sys.stderr)
         return 2

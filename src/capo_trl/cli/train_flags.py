@@ -150,17 +150,18 @@ def check_flags(argv: list[str], flags, launch_flags=()) -> None:
                          f"trl.ModelConfig{launch}; see `capo-trl train --help`.")
 
 
-def precheck(argv: list[str]) -> bool:
-    """What needs no TRL, from the file: True once --help is printed; UsageError for an unknown key or flag."""
+def precheck(argv: list[str]) -> None:
+    """What needs no TRL, from the file: --help (printed, then SystemExit(0) as argparse), UsageError for an
+    unknown recipe key or flag."""
     spec = load()
     config = read_recipe(argv)
     if config:
         check_recipe_keys(config, [a["dest"] for a in spec["actions"]], argv[argv.index(RECIPE_FLAG) + 1])
     if any(arg in HELP for arg in argv):
-        help_parser(spec).print_help()
-        return True
+        parser = help_parser(spec)
+        parser.print_help()
+        parser.exit()
     check_flags(argv, [s for a in spec["actions"] for s in a["option_strings"]], spec["launch_flags"])
-    return False
 
 
 __all__ = ["FILE", "check_flags", "check_recipe_keys", "describe", "help_parser", "load", "precheck",
