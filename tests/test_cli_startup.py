@@ -38,3 +38,27 @@ def test_a_bad_flag_is_one_line_without_heavy_libraries(args):
     errors = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
     assert errors[-1].startswith("capo-trl") and "error:" in errors[-1]
     assert sorted(modules & set(HEAVY)) == []
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["train", "--bogus"], "unknown flag(s) '--bogus'"),
+    (["train", "--config", "RECIPE", "--lerning_rate", "1e-5"], "(did you mean '--learning_rate'?)"),
+    (["train", "--config", "RECIPE"], "unknown field(s) 'tua' (did you mean 'tau'?)"),
+    (["train", "--accelerate_config", "zero3", "--num_processes", "2", "--bogus"], "unknown flag(s) '--bogus'"),
+])
+def test_a_bad_train_flag_or_recipe_key_is_one_line_without_heavy_libraries(args, expected, tmp_path):
+    """TRL's parser needs transformers' Trainer: the committed description of it answers instead."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("learning_rate: 1.0e-6\n" + ("tua: 0.5\n" if "--lerning_rate" not in args else ""))
+    proc, modules = _imported([str(recipe) if a == "RECIPE" else a for a in args])
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+    assert len(errors) == 1 and errors[0].startswith("capo-trl train: ") and expected in errors[0], errors
+    assert sorted(modules & set(HEAVY)) == []
+
+
+def test_train_help_loads_no_heavy_library():
+    proc, modules = _imported(["train", "--help"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("usage: capo-trl train") and "--learning_rate LEARNING_RATE" in proc.stdout
+    assert sorted(modules & set(HEAVY)) == []

@@ -7,6 +7,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from test_pictures import png_size
+
 from capo_trl.cli.main import main
 from capo_trl.data.arithmetic import ArithmeticTask, arithmetic_dataset, embedded_model_path
 from capo_trl.rewards import with_grader_noise
@@ -59,10 +61,15 @@ def test_methods_parse_with_amendments_and_reject_typos():
 def test_demo_compare_and_calibrate_mask_run_end_to_end(tmp_path, capsys):
     torch.manual_seed(0)
     budget = ["--steps", "2", "--test_problems", "8", "--test_samples", "2", "--no_progress"]
-    assert main(["demo", *budget, "--plot", str(tmp_path / "demo.png")]) == 0
+    plot = tmp_path / "pictures" / "demo.png"  # in a folder the demo creates
+    assert main(["demo", *budget, "--plot", str(plot)]) == 0
     printed = capsys.readouterr().out
     assert "before" in printed and "after" in printed and "auroc_question" in printed
     assert "CAPO does not beat GRPO on calibration" in printed  # what the evidence supports, said plainly
+    # the demo's PNG, and where it is said last: three panels (before, after, AUROC over the validations
+    # at steps 0, 1, 2) at 4.2 x 3.8 inches, 120 dpi
+    assert printed.rstrip().endswith(f"wrote {plot}")
+    assert png_size(plot) == (round(3 * 4.2 * 120), round(3.8 * 120))
 
     out = tmp_path / "cmp"
     assert main(["compare", "--methods", "grpo,capo", "--seeds", "1", "--out", str(out), "--val_every", "1",

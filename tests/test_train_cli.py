@@ -423,26 +423,28 @@ def test_embedded_default_trains(tiny_model_dir, tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_two_processes_train_checkpoint_and_resume(tiny_model_dir, problems_file, tmp_path):
-    """`accelerate launch --multi_gpu` on a CPU-only machine: 2 gloo processes (with --cpu it would be ONE)."""
+    """Both ways to start 2 gloo processes on a CPU-only machine (one group each, with --cpu it would be ONE):
+    the documented command (TRL's multi_gpu config) trains and checkpoints, `accelerate launch --multi_gpu`
+    resumes it."""
     from transformers import AutoModelForCausalLM
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent / "src"), str(HERE),
+                                                        os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     out = tmp_path / "out"
-
-    def launch(*extra):
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-               "--main_process_port", str(free_port()), "--num_machines", "1", "--mixed_precision", "no",
-               "--dynamo_backend", "no", "-m", "capo_trl.cli", "train",
-               *job(tiny_model_dir, problems_file, out, "--max_steps", "2", "--save_steps", "1", *extra)]
-        return run_group(cmd, env, timeout=150)
-
-    first = launch()
+    train = job(tiny_model_dir, problems_file, out, "--max_steps", "2", "--save_steps", "1")
+    first = run_group([sys.executable, "-m", "capo_trl", "train", "--accelerate_config", "multi_gpu",
+                       "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port()),
+                       *train], env, timeout=240)
     assert first.count("2 steps on 2 processes") == 1  # one group of two, printed by the main process only
     assert first.count("'loss':") == 2
+    assert (out / "model.safetensors").is_file()
     assert AutoModelForCausalLM.from_pretrained(out / "checkpoint-2").config.num_hidden_layers == 2
     assert json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())["global_step"] == 2
-    resumed = launch("--resume_from_checkpoint", str(out / "checkpoint-1"))
+    resumed = run_group([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                         "--main_process_port", str(free_port()), "--num_machines", "1", "--mixed_precision", "no",
+                         "--dynamo_backend", "no", "-m", "capo_trl.cli", "train", *train,
+                         "--resume_from_checkpoint", str(out / "checkpoint-1")], env, timeout=150)
     assert "2 steps on 2 processes" in resumed and resumed.count("'loss':") == 1  # only step 2 was trained again
 
 

@@ -152,6 +152,13 @@ def add_train_parser(subparsers) -> None:
 
 
 def run_train(args) -> int:
+    from .train_flags import precheck
+
+    try:  # --help and unknown flags or recipe keys answer here, from a file: TRL loads in ~10 s
+        precheck(args.train_args)
+    except ValueError as err:
+        print(f"capo-trl train: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
     from .launch import launch, wants_launch
 
     if wants_launch(args.train_args):  # --accelerate_config: N processes, each running this command

@@ -8,20 +8,18 @@ bad recipe fails before an hour of loading. :mod:`capo_trl.cli.train` builds and
 
 from __future__ import annotations
 
-import difflib
 import importlib.resources
 import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from ..data import benchmarks as data
 from ..training.config import CAPOConfig
 from ..training.defaults import EMBEDDED_METHOD, TrainingBudget, training_config
 from ..errors import UsageError, check_model_path, check_output_dir
 from .reward_names import REWARDS, resolve_reward
+from .train_flags import LAUNCH_FLAG as FLAG, check_flags, check_recipe_keys, read_recipe
 from ..data.tasks import TASKS
 
 
@@ -143,7 +141,8 @@ def make_parser(prog: str = "capo-trl train"):
                     "(examples/recipes/); flags override it. Without a model: the embedded default (CPU, minutes). "
                     "--accelerate_config NAME|PATH (TRL's predefined configs: zero1/2/3, fsdp1/2, multi_gpu, "
                     "single_gpu) launches through accelerate; flags that are not fields below (--num_processes N, "
-                    "--mixed_precision, --main_process_port...) go to `accelerate launch`.",
+                    "--mixed_precision, --main_process_port...) go to `accelerate launch`. On a machine without an "
+                    "accelerator, use_cpu defaults to True and bf16 to False.",
     )
 
 
@@ -164,40 +163,6 @@ def _has_accelerator() -> bool:
     return torch.cuda.is_available()
 
 
-def _config_file(argv: list[str]) -> dict:
-    """The YAML mapping named by ``--config`` (TrlParser's own form), or {}."""
-    if "--config" not in argv or argv.index("--config") + 1 >= len(argv):
-        return {}
-    path = argv[argv.index("--config") + 1]
-    try:
-        with open(path) as f:
-            config = yaml.safe_load(f)
-    except OSError as err:
-        raise ValueError(f"Cannot read recipe {path}: {err.strerror}.") from err
-    except yaml.YAMLError as err:  # the parser's message spans lines: its problem and where, on one
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ValueError(f"Recipe {path} is not valid YAML: {problem}{where}; fix the file (one `field: value` "
-                         "per line).") from err
-    if not isinstance(config, dict):
-        raise ValueError(f"Recipe {path} must be a YAML mapping of field: value.")
-    return config
-
-
-def _check_known_keys(parser, config: dict, path: str) -> None:
-    """Name every unknown recipe key (TrlParser would only list them as '--key value' pairs)."""
-    known = {action.dest for action in parser._actions} | {"env"}
-    unknown = [key for key in config if key not in known]
-    if unknown:
-        hints = []
-        for key in unknown:
-            close = difflib.get_close_matches(str(key), known, n=1)
-            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        raise ValueError(f"Recipe {path}: unknown field(s) {', '.join(hints)}. Fields are those of ScriptArguments, "
-                         "CAPOConfig (every GRPOConfig field) and trl.ModelConfig; see `capo-trl train --help`.")
-
-
 def parse_args(argv: list[str] | None = None):
     """(ScriptArguments, CAPOConfig, ModelConfig) from ``--config RECIPE.yaml`` and flags; loads nothing.
 
@@ -208,9 +173,11 @@ def parse_args(argv: list[str] | None = None):
         argv = split_args(argv)[1]
     parser = make_parser()
     helping = any(a in ("-h", "--help") for a in argv)  # --help shows the dataclasses' defaults, as documented
-    config = _config_file(argv)
+    config = read_recipe(argv)
     if config:
-        _check_known_keys(parser, config, argv[argv.index("--config") + 1])
+        check_recipe_keys(config, [action.dest for action in parser._actions], argv[argv.index("--config") + 1])
+    if not helping:  # argparse prints --help before it looks at unknown flags
+        check_flags(argv, [s for action in parser._actions for s in action.option_strings])
     defaults = {}
     if not _has_accelerator():
         # Without use_cpu, `accelerate launch --multi_gpu` on a CPU-only machine starts N processes that each
@@ -322,8 +289,6 @@ def _resume_target(value):
 
 
 # ------------------------------------------------------------------------------------ launch flags
-FLAG = "--accelerate_config"
-
 
 def predefined_configs() -> list[str]:
     """The names TRL ships in ``trl/accelerate_configs`` (without ``.yaml``)."""
