@@ -263,8 +263,8 @@ class MathGrader:
     def extract(self, texts: list[str]) -> list[str | None]:
         """math-verify's extracted final-answer string per completion; None if none (or timeout).
 
-        With ``fast_path``, a completion whose reading is decided by one box holding a plain number
-        (:func:`~capo_trl.grader.fast.answer_key`) is read in this process: math-verify extracts
+        With ``fast_path``, a completion whose reading is decided by one box holding an integer or a
+        decimal (:func:`~capo_trl.grader.fast.answer_key`) is read in this process: math-verify extracts
         exactly that content (``tests/test_grader_fast.py``), and no worker round trip is needed.
         """
         texts = [as_text(t) for t in texts]
@@ -276,9 +276,10 @@ class MathGrader:
 
 
 def _plain_answer(text: str) -> str | None:
-    """The plain number that alone decides math-verify's reading of ``text``, else None."""
+    """The integer or decimal that alone decides math-verify's reading of ``text``, else None (a fraction
+    is not read as written: math-verify spells ``\\dfrac`` as ``\\frac``)."""
     key = answer_key(prepared_text(text))
-    return key if key is not None and plain_number(key) is not None else None
+    return key if key is not None and "\\" not in key and plain_number(key) is not None else None
 
 
 _DEFAULT: MathGrader | None = None
