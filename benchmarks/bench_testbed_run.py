@@ -45,11 +45,16 @@ def start(tree: Path, preset: str, args, out: Path) -> tuple[subprocess.Popen, f
     return subprocess.Popen(command(tree, preset, args, out), cwd=tree, env=env, stdout=log, stderr=log), time.time()
 
 
-def finish(proc: subprocess.Popen, began: float, out: Path, preset: str) -> dict:
-    """Wait for one run: its CPU (the process and every child it reaped) and wall seconds, its endpoints."""
-    _, status, usage = os.wait4(proc.pid, 0)
+def finish(proc: subprocess.Popen, began: float, out: Path, preset: str, ended=None) -> dict:
+    """One finished run: its CPU (the process and every child it reaped) and wall seconds, its endpoints.
+
+    ``ended``: ``(time, status, usage)`` of a run already reaped; else this waits for it."""
+    if ended is None:
+        _, status, usage = os.wait4(proc.pid, 0)
+        ended = time.time(), status, usage
+    end, status, usage = ended
     proc.returncode = os.waitstatus_to_exitcode(status)
-    wall = time.time() - began
+    wall = end - began
     if proc.returncode:
         raise SystemExit(f"{out}: the run failed (rc {proc.returncode}); see {out.with_suffix('.log')}")
     rec = json.loads((out / preset / "seed0.json").read_text()) if (out / preset / "seed0.json").is_file() else \
@@ -85,8 +90,13 @@ def main() -> None:
             preset_, name_, out_, proc, began = running.pop()
             results.setdefault((preset_, name_), []).append(finish(proc, began, out_, preset_))
             print(json.dumps({"preset": preset_, "tree": name_, **results[(preset_, name_)][-1]}), flush=True)
-    for preset, name, out, proc, began in running:
-        results.setdefault((preset, name), []).append(finish(proc, began, out, preset))
+    by_pid = {proc.pid: run for run in running for proc in [run[3]]}
+    while by_pid:  # concurrent runs: each one's wall time ends when it does
+        pid, status, usage = os.wait4(-1, 0)
+        if pid not in by_pid:
+            continue
+        preset, name, out, proc, began = by_pid.pop(pid)
+        results.setdefault((preset, name), []).append(finish(proc, began, out, preset, (time.time(), status, usage)))
         print(json.dumps({"preset": preset, "tree": name, **results[(preset, name)][-1]}), flush=True)
     mode = "concurrently" if args.concurrent else f"alternated old/new, {args.rounds} round(s)"
     print(f"\n{args.task}, {args.steps} steps, seed {args.seed}, test {args.test_problems} problems; runs {mode}")
