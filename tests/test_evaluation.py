@@ -175,3 +175,27 @@ def test_input_errors_and_vllm_without_vllm(tiny):
     if importlib.util.find_spec("vllm") is None:
         with pytest.raises(ImportError, match="needs vLLM"):
             evaluate("some/path", tok, [{"prompt": "a", "answer": "1"}], backend="vllm")
+
+
+def test_guess_half_evaluation_is_the_same_with_the_in_process_shortcuts():
+    """The test bed's evaluation: extract and equivalent in process (fast path) give the records and metrics
+    of the reference path, where every grade, extraction and comparison runs in a worker."""
+    from capo_trl.data.tasks import get_task
+    from capo_trl.grader import MathGrader
+
+    task = get_task("guess-half")
+    model, tok = AutoModelForCausalLM.from_pretrained(task.model_path()), AutoTokenizer.from_pretrained(task.model_path())
+    problems = task.dataset("test", 12)
+    results = {}
+    for fast in (True, False):
+        with MathGrader(timeout=5, workers=1, fast_path=fast) as grader:
+            results[fast] = evaluate(model, tok, problems, n=4, max_new_tokens=48, grader=grader, seed=0,
+                                     progress=False, bootstrap=0)
+            if fast:
+                assert grader.stats["fast_path"] > 0
+    fast, full = results[True], results[False]
+    assert [(s["extracted"], s["grade"], s["score"]) for s in fast.samples] == \
+        [(s["extracted"], s["grade"], s["score"]) for s in full.samples]
+    assert len({s["extracted"] for s in fast.samples}) > 3  # several distinct answers: equivalence was asked
+    assert fast.per_problem == full.per_problem
+    assert json.dumps(fast.metrics, sort_keys=True) == json.dumps(full.metrics, sort_keys=True)  # NaN-equal too

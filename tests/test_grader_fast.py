@@ -151,3 +151,46 @@ def test_a_hanging_answer_in_a_chunk_costs_only_itself():
         assert out == [0.0, 1.0, 1.0, 0.0]
         assert g.stats["timed_out"] == 1
         assert g.grade(["\\boxed{9^{9^{9^{9}}}}", "\\boxed{x}"], ["x"] * 2) == [0.0, 1.0]  # a known gold
+
+
+def _plain_number_texts(rng: random.Random) -> list[str]:
+    """Completions whose one box holds an integer or a decimal (shortcut) or something close to one (workers)."""
+    values = ["47", "-3", "0", "12.5", "0.25", "-0.75", "\\frac{3}{4}", "-\\frac{1}{2}", "\\dfrac{6}{8}", "1.50",
+              "007", "1,000", "-0", "7+", "x+1", "3.0", "1e3", "10^{2}", "\\sqrt{4}", "2/4"]
+    wrappers = ["{v}", " 48-?={v}. \\boxed{{{v}}}", "So $\\boxed{{{v}}}$.", "\\boxed{{ {v} }}", "\\[\\boxed{{{v}}}\\]",
+                "\\boxed{{{v}}}.", "\\boxed{{1}} then \\boxed{{{v}}}", "\\boxed{{{v}}}\\%", "\\boxed{{{v}", "it is {v}"]
+    texts = [w.format(v=v) for v in values for w in wrappers]
+    texts += [f"\\boxed{{{rng.randint(-999, 999)}}}" for _ in range(20)]
+    return texts
+
+
+def test_extract_in_process_matches_the_workers(graders):
+    fast, full = graders
+    texts = _plain_number_texts(random.Random(1))
+    ours, ref = fast.extract(texts), full.extract(texts)
+    diff = [(t, a, b) for t, a, b in zip(texts, ours, ref) if a != b]
+    assert not diff, diff
+    assert sum(a is not None for a in ours) > 100  # most of them read an answer
+
+
+def test_extract_of_plain_numbers_needs_no_worker():
+    with MathGrader(timeout=5, workers=1) as g:
+        assert g.extract(["48-?=47. \\boxed{47}", "$\\boxed{-12}$", "\\boxed{0.25}"]) == ["47", "-12", "0.25"]
+        assert g._worker_pids() == []  # no pool was started
+        assert g.extract(["\\boxed{7+}"]) == ["7+"] and g._worker_pids()  # not a plain number: a worker reads it
+
+
+def test_equivalent_of_plain_numbers_matches_the_workers(graders):
+    fast, full = graders
+    rng = random.Random(2)
+    numbers = ["47", "48", "-3", "0", "0.5", "\\frac{1}{2}", "\\frac{2}{4}", "-\\frac{1}{2}", "-0.5", "12.5",
+               "\\frac{25}{2}", "0.3333333", "\\frac{1}{3}", "1000000", "1000001", "3.0", "3"]
+    pairs = [(a, b) for a in numbers for b in numbers if a != b]
+    pairs += [(str(rng.randint(-50, 50)), str(rng.randint(-50, 50))) for _ in range(30)]
+    with MathGrader(timeout=5, workers=1) as alone:
+        for a, b in pairs:
+            assert alone.equivalent(a, b) == full.equivalent(a, b), (a, b)
+        assert alone.equivalent("47", "48") is False and alone.equivalent("0.5", "\\frac{1}{2}") is True
+    with MathGrader(timeout=5, workers=1) as g:
+        g.equivalent("47", "48"), g.equivalent("-\\frac{1}{2}", "-0.5")
+        assert g._worker_pids() == []  # both decided without a worker

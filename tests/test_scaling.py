@@ -261,3 +261,35 @@ def test_mixture_gradient_matches_finite_differences():
         _, grad = _mixture_nll(theta, logx)
         numeric = approx_fprime(np.array(theta), lambda t: _mixture_nll(t, logx, False), 1e-7)
         assert np.allclose(grad, numeric, rtol=1e-4, atol=1e-4)
+
+
+def test_metrics_rpc_without_the_fit_where_one_answer_cluster_equals_rpc():
+    """compute_metrics skips RPC's mixture fit when a problem has one answer cluster: same answers, same credit."""
+    from capo_trl.evaluation.metrics import compute_metrics
+    from capo_trl.evaluation.scaling import perplexity_consistency, reasoning_pruned_consistency, weibull_prune_mask
+
+    rng = np.random.default_rng(0)
+    n, samples, pruned_single = 8, [], 0
+    for p in range(40):
+        pool = ["1"] if p % 2 else ["1", "2", "3"]  # odd problems: one answer cluster (plus unanswered samples)
+        answers = [None if rng.random() < 0.15 else str(rng.choice(pool)) for _ in range(n)]
+        scores = rng.normal(-0.3, 0.25, n).clip(max=-1e-3)
+        if p % 2:
+            pruned_single += not weibull_prune_mask(np.exp(scores)).all()
+        for d, (a, s) in enumerate(zip(answers, scores)):
+            samples.append({"id": str(p), "draw": d, "completion": f"text {p} {d % 5}", "extracted": a,
+                            "grade": float(a == "1"), "score": float(s), "num_tokens": 5, "finished": True})
+    metrics, per_problem, _ = compute_metrics(samples, n, [1, 2, 4, 8], lambda a, b: a == b, bootstrap=0)
+    expected, answers_ = [], []
+    for p in range(40):
+        rec = samples[p * n:(p + 1) * n]
+        args = ([r["extracted"] for r in rec], [r["score"] for r in rec])
+        kwargs = dict(texts=[r["completion"] for r in rec], equivalent=lambda a, b: a == b)
+        full = reasoning_pruned_consistency(*args, **kwargs)
+        expected.append(full.credit(lambda a: a == "1"))
+        answers_.append(full.answer)
+        if p % 2:  # one cluster: PC decides the same
+            assert perplexity_consistency(*args, **kwargs).tied == full.tied
+    assert metrics["rpc@8"] == float(np.mean(expected))
+    assert [row["rpc"] for row in per_problem] == answers_
+    assert pruned_single > 0  # the fit would have pruned some single-cluster problems: the answer stays anyway

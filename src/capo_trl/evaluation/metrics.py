@@ -89,9 +89,12 @@ def _selectors(samples, kept, ids, grades, scores, n, ks, equivalent, progress):
             selectors[f"maj@{k}"].append(majority_vote(answers[:k], clusters=clusters[:k]).credit(right))
         right = _first_grade(answers, grades[p])
         s = scores[p]
-        for name, res in ((f"pc@{n}", perplexity_consistency(answers, s, texts=texts, clusters=clusters)),
-                          (f"rpc@{n}", reasoning_pruned_consistency(answers, s, texts=texts, clusters=clusters)),
-                          (f"bon@{n}", best_of_n(answers, s, clusters=clusters))):
+        pc = perplexity_consistency(answers, s, texts=texts, clusters=clusters)
+        # RPC prunes completions, then runs PC: with at most one answer cluster (and finite scores) pruning
+        # cannot change the winner, so its mixture fit (most of an evaluation's metric time) is skipped.
+        single = len({c for c in clusters if c is not None}) <= 1 and bool(np.isfinite(s).all())
+        rpc = pc if single else reasoning_pruned_consistency(answers, s, texts=texts, clusters=clusters)
+        for name, res in ((f"pc@{n}", pc), (f"rpc@{n}", rpc), (f"bon@{n}", best_of_n(answers, s, clusters=clusters))):
             selectors[name].append(res.credit(right))
             row[name.split("@")[0]] = res.answer
         row["maj"] = majority_vote(answers, clusters=clusters).answer

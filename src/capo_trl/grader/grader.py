@@ -12,8 +12,9 @@ import threading
 import weakref
 
 from .call import grade_codes
+from .fast import answer_key, fast_verdict, plain_number
 from .memory import GoldBook, Verdicts
-from .normalize import as_text
+from .normalize import as_text, prepared_text
 from .pool import _STOP_WAIT, _Batch, _default_workers, _is_int, _Workers
 from .worker import (
     _CHUNK,
@@ -249,6 +250,10 @@ class MathGrader:
         hit = self._equiv_cache.get(key)
         if hit is not None:
             return hit
+        if self.fast_path and plain_number(a) is not None and plain_number(b) is not None:
+            code = fast_verdict(a, b)  # two plain numbers: known without a worker when equal or far apart
+            if code is not None:
+                return code == CORRECT
         code = self._run(_equiv_task, [key])[0]
         result = code == CORRECT
         if code in (CORRECT, WRONG):  # do not cache timeouts or crashes
@@ -256,9 +261,25 @@ class MathGrader:
         return result
 
     def extract(self, texts: list[str]) -> list[str | None]:
-        """math-verify's extracted final-answer string per completion; None if none (or timeout)."""
-        res = self._run(_extract_task, [(as_text(t),) for t in texts])
-        return [r if isinstance(r, str) else None for r in res]
+        """math-verify's extracted final-answer string per completion; None if none (or timeout).
+
+        With ``fast_path``, a completion whose reading is decided by one box holding an integer or a
+        decimal (:func:`~capo_trl.grader.fast.answer_key`) is read in this process: math-verify extracts
+        exactly that content (``tests/test_grader_fast.py``), and no worker round trip is needed.
+        """
+        texts = [as_text(t) for t in texts]
+        out: list[str | None] = [_plain_answer(t) if self.fast_path else None for t in texts]
+        slow = [i for i, known in enumerate(out) if known is None]
+        for i, r in zip(slow, self._run(_extract_task, [(texts[i],) for i in slow])):
+            out[i] = r if isinstance(r, str) else None
+        return out
+
+
+def _plain_answer(text: str) -> str | None:
+    """The integer or decimal that alone decides math-verify's reading of ``text``, else None (a fraction
+    is not read as written: math-verify spells ``\\dfrac`` as ``\\frac``)."""
+    key = answer_key(prepared_text(text))
+    return key if key is not None and "\\" not in key and plain_number(key) is not None else None
 
 
 _DEFAULT: MathGrader | None = None
