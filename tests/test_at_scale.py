@@ -72,6 +72,25 @@ def assert_same_run(a, b, n_steps):
                 assert ra[key] == pytest.approx(rb[key], rel=RTOL, abs=1e-6), (step, key, ra[key], rb[key])
 
 
+STALE_LOCK_SECONDS = 900  # DeepSpeed's CPU shm op compiles in ~2 min of CPU; a lock this old has no compiler behind it
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_stale_extension_lock():
+    """A ZeRO launch killed while DeepSpeed compiled its CPU shm op leaves torch's build lock behind, and every
+    later launch waits on it until its deadline: say so at once, with the fix, instead of failing each test late."""
+    import time
+
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+    stale = [lock for lock in root.glob("*/deepspeed_shm_comm/lock")
+             if time.time() - lock.stat().st_mtime > STALE_LOCK_SECONDS]
+    if stale:
+        pytest.fail(f"{stale[0]} is a stale build lock (a DeepSpeed run was killed while compiling); "
+                    "delete it and rerun.")
+
+
 @pytest.fixture(scope="module")
 def single(tiny_model_dir, tmp_path_factory):
     """One process, no DeepSpeed, the same global batch (8 completions a step)."""
