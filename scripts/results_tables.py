@@ -329,7 +329,17 @@ def render_demo_budget() -> str:
                          "criterion met"], body) + verdict
 
 
-TESTBED_RENDER = {"demo-budget": render_demo_budget,
+def render_redraw_study() -> str:
+    """The replication on guess-redraw: the protocol's analysis of its committed run files, once they exist."""
+    from capo_trl.harness import confirmatory
+
+    folder = RESULTS / "guess-redraw-study"
+    if not (folder / "config.json").is_file():
+        return "Not started: no run of this study exists yet.\n"
+    return confirmatory.render(confirmatory.analyse(folder, confirmatory.REDRAW_STUDY), confirmatory.REDRAW_STUDY)
+
+
+TESTBED_RENDER = {"demo-budget": render_demo_budget, "guess-redraw-study": render_redraw_study,
                   "guess-redraw-pilot": lambda: render_pilot(600, RESULTS / "guess-redraw-pilot"), "guess-half-mask-study": render_mask_study, "guess-half-words": render_testbed_words, "guess-half-robustness": render_testbed_robustness}
 
 
