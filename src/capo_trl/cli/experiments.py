@@ -36,22 +36,29 @@ def _budget(args, **extra):
 
 def add_demo_parser(subparsers) -> None:
     p = subparsers.add_parser(
-        "demo", help="train CAPO on the embedded default and show calibration before/after (CPU, minutes)",
-        description="Trains the `capo` preset on the embedded arithmetic task with the embedded tiny model, then "
-                    "prints accuracy, pooled and per-question AUROC and ECE on the test split before and after.",
+        "demo", help="train GRPO and CAPO side by side on an embedded task; calibration before/after (CPU, minutes)",
+        description="Trains GRPO and the `capo` preset side by side (one process each) on an embedded task with its "
+                    "tiny start model, then prints accuracy, pooled and per-question AUROC and ECE on the test split "
+                    "before and after, and the validation AUROC over steps. --task guess-half shows a task where "
+                    "GRPO loses calibration.",
     )
     _add_budget_args(p, steps=200, test_problems=256)
-    p.add_argument("--method", default="capo",
-                   help="one method: a preset, optionally amended, e.g. capo:tau=0.5 (see `capo-trl compare --help`)")
+    p.add_argument("--methods", default="grpo,capo",
+                   help="the arms, comma-separated presets, optionally amended, e.g. grpo,capo:tau=0.3 "
+                        "(see `capo-trl compare --help`; default grpo,capo)")
+    p.add_argument("--val_problems", type=int, default=64,
+                   help="validation problems (x 4 samples) at steps 0, 1/4, ... of the run (default 64)")
+    p.add_argument("--learning_rate", type=float, default=None,
+                   help="learning rate of both arms (default: the task's demo budget, 6e-4 on guess-half, else 2e-4)")
     p.add_argument("--plot", default="runs/demo.png", metavar="PNG",
-                   help="where to write the picture: reliability before/after and validation AUROC over steps "
+                   help="where to write the picture: validation AUROC over steps, the test split before/after "
                         "(default runs/demo.png; replaced if there)")
     p.set_defaults(func=run_demo)
 
 
 @one_line
 def run_demo(args) -> int:
-    from ..harness.demo import demo
+    from ..harness.demo import demo, demo_budget
 
     quiet(args)
     plot = Path(args.plot)
@@ -59,7 +66,14 @@ def run_demo(args) -> int:
         from ..errors import UsageError
 
         raise UsageError(f"--plot {args.plot}: give a file name ending in .png.")
-    demo(_budget(args, val_every=max(1, args.steps // 2), val_problems=32), method=args.method, plot=plot)
+    budget = demo_budget(args.task, steps=args.steps, learning_rate=args.learning_rate, model=args.model,
+                         val_problems=args.val_problems,
+                         test_problems=args.test_problems, test_samples=args.test_samples,
+                         grader_noise=args.grader_noise, progress=not args.no_progress)
+    import torch
+
+    torch.set_num_threads(1)  # this process evaluates the start model while the arms train, one thread each
+    demo(budget, methods=args.methods, plot=plot)
     return 0
 
 

@@ -76,25 +76,28 @@ def reliability_before_after(result, path) -> Path:
     return _save(fig, path)
 
 
-def demo_figure(before, after, history: list[dict], path, n: int, title: str) -> Path:
-    """``capo-trl demo``'s picture: reliability of exp(s) before and after training, and, when validation
-    ran at two steps or more, the validation AUROC against step (``history``: CalibrationCallback's)."""
-    curves = len(history) >= 2
-    fig = new_figure(4.2 * (2 + curves), 3.8)
-    axes = fig.subplots(1, 2 + curves)
-    for ax, (when, result) in zip(axes, (("before", before), ("after", after))):
-        _reliability_bars(ax, result.curves["reliability"], "confidence exp(s)",
-                          f"{when}: AUROC {result.metrics['auroc']:.3f}, ECE {result.metrics['ece']:.3f}")
-    axes[0].legend(loc="upper left", fontsize="small")
-    if curves:
-        steps = [h["step"] for h in history]
-        for key, label in (("val/auroc", "pooled"), ("val/auroc_question", "per question")):
-            axes[2].plot(steps, [h.get(key, math.nan) for h in history], marker="o", label=label)
-        axes[2].plot(steps, [h.get(f"val/mean@{n}", math.nan) for h in history], marker="s", linestyle="--",
-                     color="gray", label="accuracy")
-        axes[2].axhline(0.5, color="gray", linestyle=":", linewidth=1)
-        axes[2].set(xlabel="step", ylim=(-0.02, 1.02), title="validation AUROC and accuracy")
-        axes[2].legend(fontsize="small")
+def demo_figure(before: dict, records: list[dict], path, title: str) -> Path:
+    """``capo-trl demo``'s picture: each arm's validation pooled AUROC against step, and the test split's pooled
+    AUROC and accuracy before training and after each arm (``before``: headline metrics; ``records``: one per
+    arm, with ``method``, ``after`` (headline metrics) and ``history`` (CalibrationCallback's))."""
+    fig = new_figure(2 * 4.6, 3.8)
+    curves, bars = fig.subplots(1, 2)
+    for r in records:
+        steps = [h["step"] for h in r["history"]]
+        curves.plot(steps, [h.get("val/auroc", math.nan) for h in r["history"]], marker="o", label=r["method"])
+    curves.set(xlabel="step", ylabel="pooled AUROC", title="validation: pooled AUROC over steps")
+    curves.grid(alpha=0.3)
+    curves.legend(fontsize="small")
+    names = ["start"] + [r["method"] for r in records]
+    values = [before] + [r["after"] for r in records]
+    x = np.arange(len(names))
+    for offset, key, label in ((-0.2, "auroc", "pooled AUROC"), (0.2, "accuracy", "accuracy")):
+        drawn = bars.bar(x + offset, [v[key] for v in values], 0.4, label=label)
+        bars.bar_label(drawn, fmt="%.3f", fontsize="x-small")
+    bars.set_xticks(x, names, fontsize="small")
+    bars.set(ylim=(0, 1.18), title="test split: before and after")
+    bars.grid(alpha=0.3, axis="y")
+    bars.legend(fontsize="small", loc="upper center", ncol=2)
     fig.suptitle(title)
     return _save(fig, path)
 

@@ -7,7 +7,7 @@
 - :mod:`~capo_trl.harness.runs`: one run (train one method with one seed) and the test evaluation.
 - :mod:`~capo_trl.harness.driver`: every method x every seed, saved per run and resumed (here or in worker processes).
 - :mod:`~capo_trl.harness.compare`: ``capo-trl compare``: several methods and seeds through the driver, reported.
-- :mod:`~capo_trl.harness.demo`: one method, before and after.
+- :mod:`~capo_trl.harness.demo`: GRPO and CAPO side by side, before and after.
 - :mod:`~capo_trl.harness.calibrate_mask`: tau and the mask thresholds of a reference model.
 - :mod:`~capo_trl.harness.pilot`, :mod:`~capo_trl.harness.testbed`: the test-bed studies, through the driver.
 """
