@@ -112,6 +112,22 @@ def test_collect_copies_runs_under_arm_names_once(tmp_path):
         cf.collect(runs, into, PLAN)
 
 
+def test_restore_puts_committed_runs_back_under_their_labels_once(tmp_path):
+    """A fresh machine resumes the study: restore is collect's inverse, and the runner then reuses every run."""
+    study = write_study(tmp_path / "study", [0, 1], drop={("capo-fixed", 1)})
+    runs = tmp_path / "runs"
+    moved = cf.restore(study, runs, PLAN)
+    assert len(moved) == 2 + 2 * len(PLAN.arms) - 1
+    for arm, label in PLAN.arms.items():
+        for s in (0, 1):
+            restored = runs / label / f"seed{s}.json"
+            assert restored.is_file() == ((arm, s) != ("capo-fixed", 1))
+            if restored.is_file():
+                assert restored.read_bytes() == (study / arm / f"seed{s}.json").read_bytes()
+    assert cf.restore(study, runs, PLAN) == []
+    assert cf.collect(runs, tmp_path / "again", PLAN) and cf.load(tmp_path / "again", PLAN)[1] == cf.load(study, PLAN)[1]
+
+
 def test_the_plan_is_the_protocols_command():
     """The arms the analysis expects are the method specifications the protocol's command runs."""
     from pathlib import Path

@@ -13,6 +13,7 @@ analysis shows depends only on those files, so anyone re-renders it from a clone
   on every complete seed.
 
     python -m capo_trl.harness.confirmatory collect --runs runs/testbed/mask-study --into docs/results/guess-half-mask-study
+    python -m capo_trl.harness.confirmatory restore --runs runs/testbed/mask-study --into docs/results/guess-half-mask-study
     python -m capo_trl.harness.confirmatory report --into docs/results/guess-half-mask-study
     python -m capo_trl.harness.confirmatory close --into docs/results/guess-half-mask-study
 
@@ -83,24 +84,34 @@ def check_config(folder: Path, plan: Plan) -> dict:
     return config
 
 
+def _copy_runs(source: Path, target: Path, folders: dict) -> list[str]:
+    """Copy ``config.json``, ``start.json`` and every ``<folder>/seed<k>.json`` of ``source`` into ``target``, each
+    folder renamed by ``folders`` (source name -> target name); never overwrite. Returns what was new."""
+    target.mkdir(parents=True, exist_ok=True)
+    pairs = [(source / name, target / name, name) for name in ("config.json", "start.json")]
+    pairs += [(path, target / to / path.name, f"{to}/{path.name}")
+              for frm, to in folders.items() for path in sorted((source / frm).glob("seed*.json"))]
+    new = []
+    for frm, to, name in pairs:
+        if frm.is_file() and not to.is_file():
+            to.parent.mkdir(exist_ok=True)
+            shutil.copy(frm, to)
+            new.append(name)
+    return new
+
+
 def collect(runs: Path, into: Path, plan: Plan) -> list[str]:
     """Copy each finished run (``<label>/seed<k>.json``) into the study folder under its arm's name (a label holds
     characters a file name should not); never overwrite a copied run. Returns what was new."""
     check_config(runs, plan)
-    into.mkdir(parents=True, exist_ok=True)
-    new = []
-    for name in ("config.json", "start.json"):
-        if (runs / name).is_file() and not (into / name).is_file():
-            shutil.copy(runs / name, into / name)
-            new.append(name)
-    for arm, label in plan.arms.items():
-        for path in sorted((runs / label).glob("seed*.json")):
-            target = into / arm / path.name
-            if not target.is_file():
-                target.parent.mkdir(exist_ok=True)
-                shutil.copy(path, target)
-                new.append(f"{arm}/{path.name}")
-    return new
+    return _copy_runs(runs, into, {label: arm for arm, label in plan.arms.items()})
+
+
+def restore(into: Path, runs: Path, plan: Plan) -> list[str]:
+    """The inverse of :func:`collect`: put the committed runs back where the runner looks for finished runs
+    (``<label>/seed<k>.json``), so a study resumes on a fresh machine without redoing them; never overwrites."""
+    check_config(into, plan)
+    return _copy_runs(into, runs, dict(plan.arms))
 
 
 def load(folder: Path, plan: Plan) -> tuple[dict, dict]:
@@ -252,19 +263,20 @@ def close(folder: Path, plan: Plan, now: datetime.datetime | None = None) -> dic
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=("collect", "report", "close"))
+    parser.add_argument("command", choices=("collect", "restore", "report", "close"))
     parser.add_argument("--into", type=Path, required=True, help="the study's folder under docs/results/")
-    parser.add_argument("--runs", type=Path, help="collect: the folder `harness.testbed run --out` wrote")
+    parser.add_argument("--runs", type=Path, help="collect, restore: the folder `harness.testbed run --out` writes")
     parser.add_argument("--plan", default=None, help=f"one of {sorted(PLANS)} (default: the folder's name)")
     args = parser.parse_args(argv)
     plan_name = args.plan or args.into.name
     if plan_name not in PLANS:
         parser.error(f"--plan: no plan named {plan_name!r}; use one of {sorted(PLANS)}")
     plan = PLANS[plan_name]
-    if args.command == "collect":
+    if args.command in ("collect", "restore"):
         if args.runs is None:
-            parser.error("collect needs --runs (the folder `python -m capo_trl.harness.testbed run --out` wrote)")
-        print("\n".join(collect(args.runs, args.into, plan)) or "nothing new")
+            parser.error(f"{args.command} needs --runs (the folder `python -m capo_trl.harness.testbed run --out` writes)")
+        moved = (collect(args.runs, args.into, plan) if args.command == "collect" else restore(args.into, args.runs, plan))
+        print("\n".join(moved) or "nothing new")
     elif args.command == "close":
         print(close(args.into, plan))
     else:
