@@ -189,10 +189,11 @@ def _testbed_scripts():
     return pilot, testbed
 
 
-def render_pilot(steps: int) -> str:
-    """A pilot's tables and verdict (guess-pilots/<steps>-steps/), re-rendered from its start and seed files."""
+def render_pilot(steps: int, where: Path | None = None) -> str:
+    """A pilot's tables and verdict (guess-pilots/<steps>-steps/, or ``where``), re-rendered from its start and
+    seed files."""
     pilot, _ = _testbed_scripts()
-    where = RESULTS / "guess-pilots" / f"{steps}-steps"
+    where = where or RESULTS / "guess-pilots" / f"{steps}-steps"
     start = json.loads((where / "start.json").read_text())
     finals = {int(p.stem[4:]): json.loads(p.read_text()) for p in sorted(where.glob("seed*.json"))}
     return pilot.render(start, finals, pilot.verdict(start, finals))
@@ -297,7 +298,49 @@ def render_mask_study() -> str:
     return confirmatory.render(confirmatory.analyse(RESULTS / "guess-half-mask-study", plan), plan)
 
 
-TESTBED_RENDER = {"guess-half-mask-study": render_mask_study, "guess-half-words": render_testbed_words, "guess-half-robustness": render_testbed_robustness}
+DEMO_BUDGET_FOLDERS = ("B200", "B200-capo")  # the exploratory pilot's compare runs, in the order they ran
+
+
+def render_demo_budget() -> str:
+    """The demo-budget pilot (demo-budget/): each run against the start model, and the protocol's criterion for GRPO
+    (pooled AUROC down >= 0.03, accuracy not down, mean length < 36 tokens, on every seed)."""
+    where = "demo-budget"
+    finals = [r for folder in DEMO_BUDGET_FOLDERS if (RESULTS / where / folder).is_dir()
+              for r in rows(f"{where}/{folder}/final.csv")]
+    extra = {(r["method"], r["seed"]): r for r in rows(f"{where}/runs.csv")}
+    start = next(r for r in finals if r["method"] == "start (no RL)")
+    body, met = [], []
+    for r in finals:
+        if r["method"] == "start (no RL)":
+            continue
+        info = extra[(r["method"], r["seed"])]
+        drop = float(start["auroc"]) - float(r["auroc"])
+        ok = drop >= 0.03 and float(r["accuracy"]) >= float(start["accuracy"]) and float(info["mean_tokens"]) < 36
+        if r["method"].startswith("grpo"):
+            met.append(ok)
+        body.append([f"`{r['method']}`", r["seed"], f"{float(r['accuracy']):.3f}", f"{float(r['auroc']):.3f}",
+                     f"{-drop:+.3f}", f"{float(info['mean_tokens']):.1f}", f"{float(info['seconds']):.0f}",
+                     ("yes" if ok else "no") if r["method"].startswith("grpo") else "(descriptive)"])
+    head = (f"Start model on the same test set (256 problems x 8): accuracy {float(start['accuracy']):.3f}, pooled AUROC "
+            f"{float(start['auroc']):.3f}.\n\n")
+    verdict = (f"\nGRPO met the criterion on {sum(met)} of {len(met)} seeds: B200 "
+               f"{'shows' if met and all(met) else 'does not show'} the loss.\n")
+    return head + table(["method", "seed", "accuracy", "pooled AUROC", "change from start", "mean tokens", "seconds",
+                         "criterion met"], body) + verdict
+
+
+def render_redraw_study() -> str:
+    """The replication on guess-redraw: the protocol's analysis of its committed run files, once they exist."""
+    from capo_trl.harness import confirmatory
+
+    folder = RESULTS / "guess-redraw-study"
+    if not (folder / "config.json").is_file():
+        return "Not started: no run of this study exists yet.\n"
+    return confirmatory.render(confirmatory.analyse(folder, confirmatory.REDRAW_STUDY), confirmatory.REDRAW_STUDY)
+
+
+TESTBED_RENDER = {"demo-budget": render_demo_budget, "guess-redraw-study": render_redraw_study,
+                  "guess-redraw-pilot": lambda: render_pilot(600, RESULTS / "guess-redraw-pilot"), "guess-half-mask-study": render_mask_study, "guess-half-words": render_testbed_words, "guess-half-robustness": render_testbed_robustness}
 
 
 RENDER = {"arithmetic-200-steps": render_main, "grader-noise-1-seed": render_noise,

@@ -120,3 +120,33 @@ def test_the_plan_is_the_protocols_command():
     fixed = "ref_thresholds=fixed:ref_high=1.0336:ref_low=1.0563"
     for label in PLAN.arms.values():
         assert label.replace(fixed, "$M") in protocol or label in protocol, label
+
+
+def test_a_single_look_without_secondaries_is_final_at_its_seeds(tmp_path):
+    """The replication on guess-redraw: one look at 12 seeds, alpha 0.05, the primary and its sign-flip test only."""
+    plan = cf.REDRAW_STUDY
+    folder = tmp_path / "redraw"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"methods": list(plan.arms.values()), "seeds": list(range(12))}))
+    (folder / "start.json").write_text(json.dumps({k: 0.5 for k in KEYS}))
+    for s in range(12):
+        for arm in plan.arms:
+            rec = {k: 0.4 for k in KEYS} | {"auroc": 0.7 + 0.01 * s + (0.05 + 0.001 * s if arm == "capo-nomask" else 0),
+                                             "mean_tokens": 28.0, "mask": {}}
+            (folder / arm).mkdir(exist_ok=True)
+            (folder / arm / f"seed{s}.json").write_text(json.dumps(rec))
+        a = cf.analyse(folder, plan)
+        assert (a["look"] is None) == (s < 11)  # nothing is computed before the twelfth complete seed
+    assert (a["look"]["name"], a["look"]["alpha"], a["look"]["seeds"]) == ("final", 0.05, list(range(12)))
+    assert a["primary"]["holds"] and a["primary"]["favour"] == 12 and a["primary"]["flip_p"] == pytest.approx(2 / 4096)
+    assert a["secondary"] == [] and a["mask"] == {}
+    text = cf.render(a, plan)
+    assert "capo-nomask - grpo (primary)" in text and "Secondary" not in text and "final look" in text
+
+
+def test_the_redraw_plan_is_its_protocols_command():
+    from pathlib import Path
+
+    protocol = (Path(__file__).parents[1] / "docs/results/guess-redraw-pilot/protocol.md").read_text()
+    assert f"--methods {','.join(cf.REDRAW_STUDY.arms.values())} \\\n  --seeds $(seq 0 11)" in protocol
+    assert cf.REDRAW_STUDY.looks == ((12, 0.05),)

@@ -15,6 +15,8 @@ analysis shows depends only on those files, so anyone re-renders it from a clone
     python -m capo_trl.harness.confirmatory collect --runs runs/testbed/mask-study --into docs/results/guess-half-mask-study
     python -m capo_trl.harness.confirmatory report --into docs/results/guess-half-mask-study
     python -m capo_trl.harness.confirmatory close --into docs/results/guess-half-mask-study
+
+The plan is the folder's name (``PLANS``): ``guess-half-mask-study`` and ``guess-redraw-study``.
 """
 
 from __future__ import annotations
@@ -65,7 +67,11 @@ MASK_STUDY = Plan(
                  ("auroc", "capo-fixed-unmasked", "capo-nomask")),
     deadline="2026-12-20T00:00:00+00:00",
 )
-PLANS = {"guess-half-mask-study": MASK_STUDY}
+# The primary contrast replicated on the second test bed (guess-redraw-pilot/protocol.md, "If it is a test bed"):
+# 12 seeds, no interim look, no secondaries; the deadline was added before its first run (its page says so).
+REDRAW_STUDY = Plan(arms={"grpo": "grpo", "capo-nomask": "capo-nomask"}, primary=("auroc", "capo-nomask", "grpo"),
+                    looks=((12, 0.05),), secondaries=(), deadline="2027-01-15T00:00:00+00:00")
+PLANS = {"guess-half-mask-study": MASK_STUDY, "guess-redraw-study": REDRAW_STUDY}
 
 
 def check_config(folder: Path, plan: Plan) -> dict:
@@ -209,12 +215,13 @@ def render(analysis: dict, plan: Plan) -> str:
                     [[f"{p['arm']} - {p['minus']} (primary)", p["endpoint"], f"{p['mean']:+.3f}",
                       f"[{p['low']:+.3f}, {p['high']:+.3f}]", f"{p['p']:.4f}", f"{p['flip_p']:.4f}",
                       f"{p['favour']} of {p['n']}", f"{p['sd']:.3f}", "yes" if p["holds"] else "no"]])
-    kind = "confirmatory" if analysis["confirmatory_secondaries"] else "exploratory (the primary does not hold)"
-    lines += ["", f"Secondary contrasts, Holm's correction over the family of {len(analysis['secondary'])} "
-              f"(alpha {plan.family_alpha}), {kind}; mean [95% t interval]:", ""]
-    lines += _table(["contrast", "endpoint", "mean [95% t interval]", "paired t p", "Holm p", "rejected"],
-                    [[f"{c['arm']} - {c['minus']}", c["endpoint"], _iv(c), f"{c['p']:.4f}", f"{c['holm_p']:.4f}",
-                      "yes" if c["rejected"] else "no"] for c in analysis["secondary"]])
+    if analysis["secondary"]:
+        kind = "confirmatory" if analysis["confirmatory_secondaries"] else "exploratory (the primary does not hold)"
+        lines += ["", f"Secondary contrasts, Holm's correction over the family of {len(analysis['secondary'])} "
+                  f"(alpha {plan.family_alpha}), {kind}; mean [95% t interval]:", ""]
+        lines += _table(["contrast", "endpoint", "mean [95% t interval]", "paired t p", "Holm p", "rejected"],
+                        [[f"{c['arm']} - {c['minus']}", c["endpoint"], _iv(c), f"{c['p']:.4f}", f"{c['holm_p']:.4f}",
+                          "yes" if c["rejected"] else "no"] for c in analysis["secondary"]])
     ref = next(iter(plan.arms))
     lines += ["", f"Safety, against `{ref}`: mean [95% t interval]; collapse = mean completion length on the test "
               f"split >= {plan.collapse_tokens:g} tokens.", ""]
