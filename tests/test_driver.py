@@ -8,6 +8,7 @@ Training is replaced by fakes: these tests check the driver and its front ends, 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -83,7 +84,7 @@ def test_worker_processes_save_every_run_and_a_rerun_runs_only_the_missing_one(t
 
 
 def test_a_failed_worker_run_is_reported_the_others_finish_and_the_study_raises(tmp_path, capsys):
-    with pytest.raises(RuntimeError, match=r"1 of 4 runs failed \(grpo seed 1\)"):
+    with pytest.raises(RuntimeError, match=r"1 of 4 runs failed \(grpo seed 1\).*finished runs are reused"):
         driver.run_study(_study(tmp_path, fail="grpo 1"), workers=2)
     printed = capsys.readouterr().out
     assert "[grpo seed 1] FAILED" in printed and "grpo seed 1 diverged" in printed  # its output tail
@@ -102,6 +103,13 @@ def test_a_run_defined_in_main_is_refused_with_workers(tmp_path):
         driver.run_study(study, workers=1)
     with pytest.raises(ValueError, match="workers=-1"):
         driver.run_study(study, workers=-1)
+
+
+def test_a_front_end_says_what_to_do_after_a_failure(tmp_path):
+    """The demo saves nothing, so it must not promise that a rerun reuses the finished runs."""
+    study = dataclasses.replace(_study(tmp_path, fail="capo 0"), seeds=[0], rerun="The demo saves nothing.")
+    with pytest.raises(RuntimeError, match=r"1 of 2 runs failed \(capo seed 0\); their output is above. The demo saves nothing.$"):
+        driver.run_study(study, workers=1)
 
 
 def test_in_this_process_a_failure_stops_the_study_at_once(tmp_path):

@@ -134,7 +134,8 @@ def demo(budget: Budget | None = None, methods: str = DEMO_METHODS, plot: str | 
         index = {label: i for i, (label, _) in enumerate(parsed)}
         study = Study(parsed, [seed], path=lambda label, _: Path(tmp) / f"{index[label]}.json",
                       run=partial(train_and_test, budget),
-                      describe=lambda r: f"trained and tested in {r['seconds']:.0f} s")
+                      describe=lambda r: f"trained and tested in {r['seconds']:.0f} s",
+                      rerun="The demo saves nothing: rerun it to train every arm again.")
         print(f"training {', '.join(label for label, _ in parsed)} side by side, one process each "
               f"({budget.steps} steps); evaluating the start model meanwhile", flush=True)
         with ThreadPoolExecutor(1) as pool:

@@ -61,7 +61,8 @@ class Study:
     ``reuse(path, label, overrides, seed)`` is the saved record to keep, None to run it again (also
     how a just-saved record is read back, so a fresh run and a resumed one look the same).
     ``after(finished)`` runs once the saved runs are read and after every new one, with the
-    finished records by ``(label, seed)`` in plan order; ``describe(record)`` is its console line.
+    finished records by ``(label, seed)`` in plan order; ``describe(record)`` is its console line; ``rerun``
+    what the error after failed runs tells the user to do.
     """
 
     methods: list  # [(label, overrides)], in the order every seed runs them
@@ -71,6 +72,7 @@ class Study:
     reuse: Callable = reuse_any
     after: Callable[[dict], None] = _nothing
     describe: Callable[[dict], str] = _seconds
+    rerun: str = "Rerun the same command to run them again (finished runs are reused)."  # said after failures
 
 
 def plan(methods, seeds) -> list[tuple[str, dict, int]]:
@@ -117,7 +119,7 @@ def run_study(study: Study, workers: int = 0) -> dict:
         study.after(in_order())
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(todo)} runs failed ({', '.join(failed)}); their output is above. "
-                           "Rerun the same command to run them again (finished runs are reused).")
+                           + study.rerun)
     return in_order()
 
 
