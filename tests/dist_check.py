@@ -1,10 +1,11 @@
 """Run under `accelerate launch --num_processes 2 --cpu`: a prompt group split across processes must get
 the advantages a single process computes from the same rewards and scores. Writes a JSON verdict."""
 
+import gc
 import json
+import os
 import sys
 
-import torch
 from capo_trl.testing.tiny import digit_reward, tiny_dataset
 
 from capo_trl import CAPOConfig, CAPOTrainer
@@ -49,8 +50,14 @@ trainer.train()
 if acc.is_main_process:
     with open(result_path, "w") as f:
         json.dump({"num_processes": acc.num_processes, "checks": checks}, f)
-if torch.distributed.is_initialized():
-    torch.distributed.barrier()
-    # gloo's threads still running at interpreter exit can abort a rank ("terminate called without an
-    # active exception", SIGABRT) after the work is done: tear the process group down first
-    torch.distributed.destroy_process_group()
+# Release the DDP-wrapped model before the process group goes (as `capo-trl train` does), then leave without
+# interpreter teardown: gloo worker threads still holding tensors at finalization abort a rank with SIGABRT
+# ("terminate called without an active exception") after the work is done, even after destroy_process_group.
+trainer = original_scores = original_generate = None  # the bound methods hold the trainer too
+acc.wait_for_everyone()
+acc.free_memory()
+gc.collect()
+acc.end_training()
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
