@@ -78,6 +78,13 @@ def test_the_interim_look_uses_the_first_twelve_complete_seeds_and_stops_for_eff
     assert "stopped for efficacy at the interim look" in cf.render(a, PLAN)
 
 
+def test_a_stop_at_the_interim_look_stands_when_later_runs_finish(tmp_path):
+    """Runs that finish after the study stopped (a runner killed a little late) never open the final look."""
+    a = cf.analyse(write_study(tmp_path, range(24)), PLAN)
+    assert (a["look"]["name"], a["look"]["reason"], a["look"]["seeds"]) == ("interim", "efficacy", list(range(12)))
+    assert a["look"]["incomplete_seeds"] == list(range(12, 24))
+
+
 def test_no_effect_goes_on_to_the_final_look_at_alpha_0_047(tmp_path):
     a = cf.analyse(write_study(tmp_path, range(12), effect=0.0), PLAN)
     assert not a["look"]["stop"] and not a["primary"]["holds"] and not a["confirmatory_secondaries"]

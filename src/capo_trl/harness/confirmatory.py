@@ -128,16 +128,13 @@ def _contrast(runs, seeds, endpoint, arm, minus, confidence=0.95, flip=False) ->
     return {"endpoint": endpoint, "arm": arm, "minus": minus, **paired_test(diffs, confidence, flip), "diffs": diffs}
 
 
-def _look(config: dict, runs: dict, plan: Plan, closed: bool) -> tuple[int | None, list, bool]:
-    """Which look the files have reached: its index (None before the first), its seeds, and whether it is final."""
+def _looks(config: dict, runs: dict, plan: Plan, closed: bool) -> list[tuple[int, list, bool]]:
+    """The looks the files have reached, in order: (index, its seeds, whether it is the final look)."""
     complete = [s for s in config["seeds"] if all(s in runs[arm] for arm in plan.arms)]
-    reached = [i for i, (n, _) in enumerate(plan.looks) if len(complete) >= n]
+    looks = [(i, complete[:n], False) for i, (n, _) in enumerate(plan.looks[:-1]) if len(complete) >= n]
     if closed or len(complete) >= plan.max_seeds:
-        return len(plan.looks) - 1, complete[:plan.max_seeds], True
-    if not reached:
-        return None, complete, False
-    i = reached[-1]
-    return i, complete[:plan.looks[i][0]], False
+        looks.append((len(plan.looks) - 1, complete[:plan.max_seeds], True))
+    return looks
 
 
 def analyse(folder: Path, plan: Plan) -> dict:
@@ -145,14 +142,17 @@ def analyse(folder: Path, plan: Plan) -> dict:
     config, runs = load(folder, plan)
     closed_file = folder / "closed.json"
     closed = json.loads(closed_file.read_text()) if closed_file.is_file() else None
-    index, seeds, final = _look(config, runs, plan, closed is not None)
     out = {"finished": {arm: sorted(r) for arm, r in runs.items()}, "planned_seeds": config["seeds"],
            "deadline": plan.deadline, "closed": closed, "look": None}
-    if index is None:
+    looks = _looks(config, runs, plan, closed is not None)
+    if not looks:
         return out
-    alpha = plan.looks[index][1]
-    primary = _contrast(runs, seeds, *plan.primary, confidence=1 - alpha, flip=True)
-    holds = primary["p"] < alpha
+    for index, seeds, final in looks:  # the first look whose primary holds stops the study: no later look is taken
+        alpha = plan.looks[index][1]
+        primary = _contrast(runs, seeds, *plan.primary, confidence=1 - alpha, flip=True)
+        holds = primary["p"] < alpha
+        if holds:
+            break
     secondary = [_contrast(runs, seeds, *c) for c in plan.secondaries]
     adjusted = holm({i: c["p"] for i, c in enumerate(secondary)})
     for i, c in enumerate(secondary):
