@@ -298,35 +298,83 @@ def render_mask_study() -> str:
     return confirmatory.render(confirmatory.analyse(RESULTS / "guess-half-mask-study", plan), plan)
 
 
-DEMO_BUDGET_FOLDERS = ("B200", "B200-capo")  # the exploratory pilot's compare runs, in the order they ran
+def render_mask_study_words() -> str:
+    """The confirmatory study's result in one paragraph, for README.md, docs/concepts.md and the results index."""
+    from capo_trl.harness import confirmatory
+
+    a = confirmatory.analyse(RESULTS / "guess-half-mask-study", confirmatory.MASK_STUDY)
+    look, p, means = a["look"], a["primary"], a["means"]
+    if look is None or not look["stop"]:
+        return "The confirmatory study on `guess-half` has not reached a look that ends it.\n"
+    by = {c["arm"]: c for c in a["secondary"] if c["endpoint"] == "auroc"}
+    acc = a["safety"]["accuracy"]["capo-nomask"]
+
+    def holm(arm):
+        c = by[arm]
+        return f"{_iv(c)} (Holm p = {c['holm_p']:.4f}{'' if c['rejected'] else ', no difference shown'})"
+    stopped = "stopped for efficacy at its interim look" if look["reason"] == "efficacy" else "at its final look"
+    return textwrap.fill(
+        f"On `guess-half` (half the items can only be guessed) GRPO loses calibration and CAPO without the noise "
+        f"mask keeps it. In a pre-registered study, {stopped} on {len(look['seeds'])} seeds of 600 steps, GRPO's "
+        f"pooled AUROC fell from {a['start']['auroc']:.3f} to {means['grpo']['auroc']:.3f} on average and CAPO "
+        f"without the mask ended at {means['capo-nomask']['auroc']:.3f}: {_iv(p)} against GRPO "
+        f"({100 * p['confidence']:.1f}% t interval; paired t p = {p['p']:.4f}, exact sign-flip p = "
+        f"{p['flip_p']:.4f}; {p['favour']} of {p['n']} seeds favoured it), at an accuracy cost of {_iv(acc)} (95%), "
+        f"with {len(a['collapse']['capo-nomask'])} of {p['n']} runs collapsed. The noise mask undid it (against CAPO "
+        f"without the mask, 95% t intervals): the two-sided mask {holm('capo-fixed')}, its correct-answer side "
+        f"alone (dropping suspected lucky guesses) {holm('capo-mask-correct')}, its wrong-answer side alone "
+        f"{holm('capo-mask-wrong')}, and the two-sided mask with the loss normaliser kept at the unmasked count "
+        f"{holm('capo-fixed-unmasked')}, so the mask's larger step is not the whole of it.",
+        width=110, break_on_hyphens=False, break_long_words=False) + "\n"
+
+
+# The exploratory pilot's compare runs per budget, in the order they ran (protocol.md and its amendments).
+DEMO_BUDGET_FOLDERS = {"B200": ("B200", "B200-capo"), "B300": ("B300", "B300-capo")}
+
+
+def _broke(run: dict, start: dict, tokens: float) -> bool:
+    """Amendment 2's rule for a CAPO run: test accuracy below the start model's, or mean length >= 36 tokens."""
+    return float(run["accuracy"]) < float(start["accuracy"]) or tokens >= 36
 
 
 def render_demo_budget() -> str:
-    """The demo-budget pilot (demo-budget/): each run against the start model, and the protocol's criterion for GRPO
-    (pooled AUROC down >= 0.03, accuracy not down, mean length < 36 tokens, on every seed)."""
+    """The demo-budget pilot (demo-budget/): each run against the start model, per budget; the protocol's criterion
+    for GRPO (pooled AUROC down >= 0.03, accuracy not down, mean length < 36 tokens, on every seed) and, where
+    amendment 2 asks it (B300), whether a `capo-nomask` run broke."""
     where = "demo-budget"
-    finals = [r for folder in DEMO_BUDGET_FOLDERS if (RESULTS / where / folder).is_dir()
-              for r in rows(f"{where}/{folder}/final.csv")]
-    extra = {(r["method"], r["seed"]): r for r in rows(f"{where}/runs.csv")}
-    start = next(r for r in finals if r["method"] == "start (no RL)")
-    body, met = [], []
-    for r in finals:
-        if r["method"] == "start (no RL)":
+    extra = {(r["budget"], r["method"], r["seed"]): r for r in rows(f"{where}/runs.csv")}
+    body, verdicts, start = [], [], None
+    for budget, folders in DEMO_BUDGET_FOLDERS.items():
+        finals = [r for folder in folders if (RESULTS / where / folder).is_dir()
+                  for r in rows(f"{where}/{folder}/final.csv")]
+        if not finals:
             continue
-        info = extra[(r["method"], r["seed"])]
-        drop = float(start["auroc"]) - float(r["auroc"])
-        ok = drop >= 0.03 and float(r["accuracy"]) >= float(start["accuracy"]) and float(info["mean_tokens"]) < 36
-        if r["method"].startswith("grpo"):
-            met.append(ok)
-        body.append([f"`{r['method']}`", r["seed"], f"{float(r['accuracy']):.3f}", f"{float(r['auroc']):.3f}",
-                     f"{-drop:+.3f}", f"{float(info['mean_tokens']):.1f}", f"{float(info['seconds']):.0f}",
-                     ("yes" if ok else "no") if r["method"].startswith("grpo") else "(descriptive)"])
+        start = next(r for r in finals if r["method"] == "start (no RL)")
+        met, broke = [], []
+        for r in finals:
+            if r["method"] == "start (no RL)":
+                continue
+            info = extra[(budget, r["method"], r["seed"])]
+            tokens = float(info["mean_tokens"])
+            drop = float(start["auroc"]) - float(r["auroc"])
+            ok = drop >= 0.03 and float(r["accuracy"]) >= float(start["accuracy"]) and tokens < 36
+            grpo = r["method"].startswith("grpo")
+            if grpo:
+                met.append(ok)
+            elif budget != "B200" and r["method"] == "capo-nomask":
+                broke.append(_broke(r, start, tokens))
+            body.append([budget, f"`{r['method']}`", r["seed"], f"{float(r['accuracy']):.3f}",
+                         f"{float(r['auroc']):.3f}", f"{-drop:+.3f}", f"{tokens:.1f}", f"{float(info['seconds']):.0f}",
+                         ("yes" if ok else "no") if grpo else "(descriptive)"])
+        line = (f"{budget}: GRPO met the criterion on {sum(met)} of {len(met)} seeds, so {budget} "
+                f"{'shows' if met and all(met) else 'does not show'} the loss")
+        if broke:
+            line += f"; `capo-nomask` broke on {sum(broke)} of {len(broke)} seeds"
+        verdicts.append(line + ".")
     head = (f"Start model on the same test set (256 problems x 8): accuracy {float(start['accuracy']):.3f}, pooled AUROC "
             f"{float(start['auroc']):.3f}.\n\n")
-    verdict = (f"\nGRPO met the criterion on {sum(met)} of {len(met)} seeds: B200 "
-               f"{'shows' if met and all(met) else 'does not show'} the loss.\n")
-    return head + table(["method", "seed", "accuracy", "pooled AUROC", "change from start", "mean tokens", "seconds",
-                         "criterion met"], body) + verdict
+    return head + table(["budget", "method", "seed", "accuracy", "pooled AUROC", "change from start", "mean tokens",
+                         "seconds", "criterion met"], body) + "\n" + "\n".join(verdicts) + "\n"
 
 
 def render_redraw_study() -> str:
@@ -340,7 +388,7 @@ def render_redraw_study() -> str:
 
 
 TESTBED_RENDER = {"demo-budget": render_demo_budget, "guess-redraw-study": render_redraw_study,
-                  "guess-redraw-pilot": lambda: render_pilot(600, RESULTS / "guess-redraw-pilot"), "guess-half-mask-study": render_mask_study, "guess-half-words": render_testbed_words, "guess-half-robustness": render_testbed_robustness}
+                  "guess-redraw-pilot": lambda: render_pilot(600, RESULTS / "guess-redraw-pilot"), "guess-half-mask-study": render_mask_study, "guess-half-mask-words": render_mask_study_words, "guess-half-words": render_testbed_words, "guess-half-robustness": render_testbed_robustness}
 
 
 RENDER = {"arithmetic-200-steps": render_main, "grader-noise-1-seed": render_noise,

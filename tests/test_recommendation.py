@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from capo_trl import CAPOConfig
@@ -42,6 +43,35 @@ def test_capoconfig_defaults_and_the_preset_are_the_recommendation(tmp_path):
     assert PRESETS["capo-recommended"] == RECOMMENDED
     assert resolved(tmp_path, **PRESETS["capo-recommended"]) == RECOMMENDED
     assert PRESETS["capo"] == EMBEDDED_METHOD != RECOMMENDED  # the embedded default differs, on purpose
+
+
+# The arm the confirmatory study confirmed, as the frozen commit's `capo-nomask` preset resolved: the embedded
+# default of then (which measured mask thresholds, ref_thresholds="auto") with the mask off.
+CONFIRMED_ARM = dict(advantage_estimator="capo", tau=0.5, tau_mode="relative", advantage_scale="matched",
+                     ref_thresholds="auto", noise_mask=False)
+
+
+def test_the_embedded_default_trains_the_confirmed_arm(tiny_model_dir, tmp_path):
+    """The default differs from the confirmed arm only in a field that is inert without the mask; both train alike."""
+    from test_trainer import make, params
+    from transformers import set_seed
+
+    from capo_trl.harness.confirmatory import MASK_STUDY
+    from capo_trl.harness.presets import PRESETS
+
+    assert MASK_STUDY.arms["capo-nomask"] == "capo-nomask" and PRESETS["capo-nomask"] == PRESETS["capo"]
+    assert {k: v for k, v in CONFIRMED_ARM.items() if k != "ref_thresholds"} == EMBEDDED_METHOD
+    runs = []
+    for name, fields in (("default", EMBEDDED_METHOD), ("confirmed", CONFIRMED_ARM)):
+        set_seed(7)  # each trainer starts from the same RNG state, whatever ran before it in this process
+        runs.append(make(tiny_model_dir, tmp_path / name, **fields, max_steps=2))
+        runs[-1].train()
+    assert runs[0]._mask is None and runs[1]._mask is None
+    after = [params(t) for t in runs]
+    start = params(make(tiny_model_dir, tmp_path / "untrained"))
+    assert any(not torch.equal(start[n], after[0][n]) for n in start)  # the two steps did train
+    assert all(torch.equal(after[0][n], after[1][n]) for n in after[0])
+    assert [h.get("loss") for h in runs[0].state.log_history] == [h.get("loss") for h in runs[1].state.log_history]
 
 
 def test_the_readme_drop_in_is_the_recommendation(tmp_path):

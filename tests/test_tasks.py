@@ -81,48 +81,32 @@ def test_demo_refuses_an_unknown_task_in_one_line(capsys, monkeypatch):
         assert "--task: unknown task 'guess-hlaf'; did you mean 'guess-half'?" in err
 
 
-def test_the_demo_says_what_the_committed_test_bed_comparison_says():
-    import importlib.util
-    import json
+def test_the_demo_says_what_the_committed_confirmatory_study_says():
     from pathlib import Path
 
-    from capo_trl.harness.demo import TESTBED, testbed_evidence
+    from capo_trl.harness.confirmatory import MASK_STUDY, analyse
+    from capo_trl.harness.demo import MASK_STUDY_RESULT, testbed_evidence
 
-    root = Path(__file__).resolve().parents[1]
-    summary = json.loads((root / "docs" / "results" / "guess-half-comparison" / "summary.json").read_text())
-    paired = summary["paired_vs_grpo"]
+    folder = Path(__file__).resolve().parents[1] / "docs" / "results" / "guess-half-mask-study"
+    a = analyse(folder, MASK_STUDY)
+    assert a["look"]["stop"] and a["primary"]["holds"]
+    p, means = a["primary"], a["means"]
 
-    def diff(arm, key="auroc"):
-        d = paired[arm][key]
-        return tuple(round(d[k], 3) for k in ("mean", "low", "high"))
+    def iv(c, *extra):
+        return (*(round(c[k], 3) for k in ("mean", "low", "high")), *extra)
 
-    mask = summary["mask"]["capo"]
-
-    def dropped(kind, cls):
-        gone = mask.get(f"{kind}/{cls}/dropped", 0)
-        return round(gone / (gone + mask.get(f"{kind}/{cls}/kept", 0)), 2)
-
-    wrong = [(v, k.endswith("/dropped")) for k, v in mask.items() if "/wrong/" in k]
+    by_arm = {c["arm"]: c for c in a["secondary"] if c["endpoint"] == "auroc"}
     measured = {
-        "seeds": len(summary["complete_seeds"]), "start": round(summary["start"]["auroc"], 3),
-        "grpo": round(summary["arms"]["grpo"]["auroc"], 3),
-        "grpo_lost": sum(v["required_met"] for v in summary["reference_all_seeds"]["per_seed"].values()),
-        "capo": diff("capo"), "nomask": diff("capo-nomask"), "grpo_mask": diff("grpo-mask"),
-        "paper": diff("capo-paper"), "nomask_accuracy": diff("capo-nomask", "accuracy"),
-        "lucky": dropped("guessable", "correct"), "true": dropped("derivable", "correct"),
-        "wrong": round(sum(v for v, gone in wrong if gone) / sum(v for v, _ in wrong), 2),
+        "seeds": len(a["look"]["seeds"]), "level": round(p["confidence"], 3), "start": round(a["start"]["auroc"], 3),
+        "grpo": round(means["grpo"]["auroc"], 3), "nomask": round(means["capo-nomask"]["auroc"], 3),
+        "primary": iv(p), "p": round(p["p"], 4), "flip_p": round(p["flip_p"], 4), "favour": p["favour"],
+        "nomask_accuracy": iv(a["safety"]["accuracy"]["capo-nomask"]), "collapsed": len(a["collapse"]["capo-nomask"]),
+        **{name: iv(by_arm[arm], round(by_arm[arm]["holm_p"], 4)) for name, arm in
+           (("both", "capo-fixed"), ("correct", "capo-mask-correct"), ("wrong", "capo-mask-wrong"),
+            ("unmasked", "capo-fixed-unmasked"))},
     }
-    # The re-analysis (sign-flip p, leave-one-out, capo - capo-nomask) as scripts/results_tables.py computes it.
-    spec = importlib.util.spec_from_file_location("results_tables", root / "scripts" / "results_tables.py")
-    tables = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tables)
-    facts = tables.testbed_facts()
-    nomask, contrast = facts["nomask"], facts["mask_vs_nomask"]["auroc"]
-    measured |= {"nomask_p": round(nomask["p"], 3), "nomask_favour": nomask["favour"],
-                 "nomask_flip_p": round(nomask["flip_p"], 4), "nomask_fragile": tuple(facts["fragile"]),
-                 "mask_vs_nomask": tuple(round(contrast[k], 3) for k in ("mean", "low", "high"))}
-    assert TESTBED == measured
+    assert MASK_STUDY_RESULT == measured
     text = testbed_evidence()
-    assert f"{TESTBED['start']:.3f}" in text and f"{TESTBED['capo'][1]:+.3f}" in text
-    assert "suggestive, not shown" in text and "Nor is it shown that removing the mask" in text
-    assert f"p = {facts['nomask']['flip_p']:.4f}" in text
+    assert "99.5% interval +0.019 to +0.209" in text and "Holm p = 0.2791" in text
+    assert "stopped for efficacy" in text and "trains without the mask" in text
+

@@ -85,8 +85,8 @@ def test_embedded_default_settings_and_precedence(tmp_path):
     assert script.reward_funcs == ["math_accuracy"]
     assert (args.max_steps, args.num_generations, args.per_device_train_batch_size) == (200, 8, 64)
     assert script.dataset_limit == 4000
-    assert (args.tau_mode, args.advantage_scale, args.noise_mask, args.bf16) == ("relative", "matched", True, False)
-    assert (args.tau, args.ref_thresholds) == (0.5, "auto")
+    assert (args.tau_mode, args.advantage_scale, args.noise_mask, args.bf16) == ("relative", "matched", False, False)
+    assert args.tau == 0.5
     # a flag beats a recipe, which beats the embedded defaults
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump({"tau_mode": "absolute", "max_steps": 7}))
@@ -293,7 +293,7 @@ def test_no_model_says_so_and_refuses_other_datasets(capsys):
     capo_train.parse_args([])
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no model_name_or_path: training the embedded tiny model" in err
-    assert "noise_mask True" in err and "200 steps" in err
+    assert "noise_mask False" in err and "200 steps" in err
     capo_train.parse_args(["--model_name_or_path", "m"])
     assert "embedded" not in capsys.readouterr().err
     err = one_line_error(capsys, ["--dataset_name", "math500"])

@@ -21,12 +21,13 @@ RECOMMENDED = dict(advantage_estimator="capo", tau=0.6, tau_mode="absolute", adv
 
 # The embedded default differs because the paper's absolute values do not fit the tiny model (score spread ~0.06
 # nats, reference PPLs 1.01-1.2): tau in units of the within-group spread, each group's total |advantage|
-# matched to GRPO's, the mask with thresholds measured on the first batch (the `capo` preset of `capo-trl
-# compare`; examples/recipes/capo-arith-tiny-cpu.yaml writes it out). The pre-registered comparison chose it
-# (docs/results/arithmetic-powered/README.md, "Powered comparison"): no seed collapsed in 600 steps, without the mask one in
-# five did; it cost 6.5 accuracy points against GRPO and did not beat it on calibration.
+# matched to GRPO's (docs/results/arithmetic-powered/), and no noise mask: where GRPO loses calibration
+# (`guess-half`), a pre-registered study stopped for efficacy with CAPO without the mask above GRPO on pooled
+# AUROC in 12 of 12 seeds, and every mask arm with the ref_high side below it (docs/results/guess-half-mask-study/).
+# Its known risk, on arithmetic: without the mask 1 seed in 5 collapsed into a length hack (with it 0 in 5); set
+# noise_mask=True (the `capo-mask` preset) if mean completion length climbs.
 EMBEDDED_METHOD = dict(advantage_estimator="capo", tau=0.5, tau_mode="relative", advantage_scale="matched",
-                       ref_thresholds="auto")  # noise_mask unset: on for CAPO, off for GRPO
+                       noise_mask=False)
 
 
 @dataclass
