@@ -1,6 +1,6 @@
 """Re-execute examples/quickstart.ipynb in place, so the committed notebook carries current outputs.
 
-    python scripts/run_notebook.py        # the notebook's own budget (STEPS = 100): minutes on a CPU
+    python scripts/run_notebook.py        # the notebook's own budget (its STEPS): minutes on a CPU
 
 Why committed outputs: a reader on the code host sees the figures without running anything. The
 notebook's metadata records a digest of its code cells as executed (``capo_trl.sources_sha256``);

@@ -12,14 +12,14 @@ from .common import TEMPLATES, TEMPLATE_HELP, add_data_args, at_least, check_dev
 
 
 # ------------------------------------------------------------------------------------ demo / compare
-def _add_budget_args(p, steps: int, test_problems: int) -> None:
+def _add_budget_args(p, steps: int | None, test_problems: int, steps_help: str | None = None) -> None:
     from ..data.tasks import DEFAULT_TASK, TASKS
 
     p.add_argument("--task", default=DEFAULT_TASK, metavar="TASK",
                    help=f"embedded task: {'; '.join(f'{t.name}: {t.summary}' for t in TASKS.values())} "
                         f"(default {DEFAULT_TASK})")
     p.add_argument("--model", default=None, help="model directory (default: the task's start model)")
-    p.add_argument("--steps", type=int, default=steps, help=f"RL steps per run (default {steps})")
+    p.add_argument("--steps", type=int, default=steps, help=f"RL steps per run (default {steps_help or steps})")
     p.add_argument("--test_problems", type=int, default=test_problems, help="test-split problems to evaluate")
     p.add_argument("--test_samples", type=int, default=8, help="samples per test problem")
     p.add_argument("--grader_noise", type=float, default=0.0, help="fraction of rewards flipped (mask ablations)")
@@ -42,14 +42,14 @@ def add_demo_parser(subparsers) -> None:
                     "before and after, and the validation AUROC over steps. --task guess-half shows a task where "
                     "GRPO loses calibration.",
     )
-    _add_budget_args(p, steps=200, test_problems=256)
+    _add_budget_args(p, steps=None, test_problems=256, steps_help="the task's demo budget: 300 on guess-half, else 200")
     p.add_argument("--methods", default="grpo,capo",
                    help="the arms, comma-separated presets, optionally amended, e.g. grpo,capo:tau=0.3 "
                         "(see `capo-trl compare --help`; default grpo,capo)")
     p.add_argument("--val_problems", type=int, default=64,
                    help="validation problems (x 4 samples) at steps 0, 1/4, ... of the run (default 64)")
     p.add_argument("--learning_rate", type=float, default=None,
-                   help="learning rate of both arms (default: the task's demo budget, 6e-4 on guess-half, else 2e-4)")
+                   help="learning rate of both arms (default: the task's demo budget, 4e-4 on guess-half, else 2e-4)")
     p.add_argument("--plot", default="runs/demo.png", metavar="PNG",
                    help="where to write the picture: validation AUROC over steps, the test split before/after "
                         "(default runs/demo.png; replaced if there)")

@@ -22,10 +22,10 @@ whatever the method; per-question AUROC moves by a few hundredths either way fro
 task CAPO does not beat GRPO on calibration: in a pre-registered comparison (6 seeds, 600 steps, 1,024
 test problems) CAPO with the noise mask (the default then) had per-question AUROC 0.023 below GRPO's (95%
 interval -0.049 to +0.003), with 6.5 points less accuracy and higher ECE, and GRPO did not lose
-calibration here at all. `capo` now trains without the mask (the test bed below is why); on this task
-without it one seed in five collapsed into long, improbable endings, with it none did: if mean length
-climbs, turn it on (capo-trl compare --methods grpo,capo,capo-mask; docs/results/). Where GRPO does lose
-calibration (guessable items), see: capo-trl demo --task guess-half.""",
+calibration here at all. `capo` now trains without the mask: where GRPO does lose calibration (guessable
+items) the mask cost what CAPO kept without it; see capo-trl demo --task guess-half. On this task,
+without the mask one seed in five collapsed into long, improbable endings, with it none did: if mean
+length climbs, turn it on (capo-trl compare --methods grpo,capo,capo-mask; docs/results/).""",
 }
 
 # The confirmatory study on the test bed (docs/results/guess-half-mask-study/), at the look that stopped it: pooled
@@ -56,7 +56,8 @@ keeps it. In a pre-registered study (600 steps, 512 test problems x 8), stopped 
 interim look ({t['seeds']} seeds), GRPO's pooled AUROC fell from {t['start']:.3f} to {t['grpo']:.3f} on average while CAPO
 without the mask ended at {t['nomask']:.3f}: {_interval(t['primary'], t['level'])} against GRPO, paired t
 p = {t['p']:.4f}, sign-flip p = {t['flip_p']:.4f}, higher on {t['favour']} of {t['seeds']} seeds; accuracy against GRPO
-{_interval(t['nomask_accuracy'])}; {t['collapsed']} of {t['seeds']} runs collapsed. The mask undid it. Pooled AUROC against CAPO without the mask:
+{_interval(t['nomask_accuracy'])}; {t['collapsed']} of {t['seeds']} runs collapsed.
+The mask undid it. Pooled AUROC against CAPO without the mask (Holm-corrected p):
   the two-sided mask                 {holm('both')}
   only the correct-answer side       {holm('correct')}
   only the wrong-answer side         {holm('wrong')}
@@ -69,16 +70,17 @@ arm above is one run of one seed: read it against the intervals above, not as ev
 
 
 # Each task's demo budget where the harness's default (200 steps at 2e-4) would not show what the task is for:
-# on guess-half, 200 steps at 6e-4 (the same total step size as the test bed's 600 at 2e-4, the rate decaying
-# linearly to 0) made GRPO lose pooled AUROC on 3 of 3 seeds in an exploratory pilot (docs/results/demo-budget/).
-DEMO_BUDGETS = {"guess-half": dict(learning_rate=6e-4)}
+# on guess-half, 300 steps at 4e-4 (the test bed's total step size, 600 at 2e-4, the rate decaying linearly to 0)
+# made GRPO lose pooled AUROC on 3 of 3 seeds in an exploratory pilot, and CAPO without the mask broke on none;
+# at 200 steps and 6e-4 it broke on 1 of 3 (docs/results/demo-budget/).
+DEMO_BUDGETS = {"guess-half": dict(steps=300, learning_rate=4e-4)}
 DEMO_METHODS = "grpo,capo"
 
 
 def demo_budget(task: str = "arithmetic", **fields) -> Budget:
-    """The demo's budget on ``task``: 200 steps, validation 4 times on 64 problems x 4, test 256 x 8; ``fields``
-    (None: the task's default) amend it."""
-    chosen = dict(steps=200, val_problems=64, test_problems=256, test_samples=8, **DEMO_BUDGETS.get(task, {}))
+    """The demo's budget on ``task``: 200 steps (``DEMO_BUDGETS`` may say otherwise), validation 4 times on 64
+    problems x 4, test 256 x 8; ``fields`` (None: the task's default) amend it."""
+    chosen = {**dict(steps=200, val_problems=64, test_problems=256, test_samples=8), **DEMO_BUDGETS.get(task, {})}
     chosen.update({k: v for k, v in fields.items() if v is not None})
     chosen.setdefault("val_every", max(1, chosen["steps"] // 4))
     return Budget(task=task, **chosen)
