@@ -71,7 +71,7 @@ def test_committed_notebook_carries_current_outputs_and_one_budget_knob():
     assert errors == []
     for needle in ("validation AUROC (pooled)", "precision-coverage (test)"):
         assert _outputs(_cell(nb, needle), "image/png"), f"no figure committed for the cell with {needle!r}"
-    assert "STEPS=200," in "".join(o.get("text", "") for o in code[0].outputs)  # the full budget, not a smoke run
+    assert "STEPS=300," in "".join(o.get("text", "") for o in code[0].outputs)  # the full budget, not a smoke run
     setup = code[0].source
     assert "STEPS = " in setup and 'os.environ.get("CAPO_NOTEBOOK_STEPS"' in setup
     assert "widgets" not in nb.metadata  # no saved widget state
