@@ -223,3 +223,21 @@ def test_calibrate_mask_takes_a_device_checked_before_sampling(capsys):
     assert main(["calibrate-mask", "--device", "cuda:7", "--limit", "2", "--n", "2"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("capo-trl calibrate-mask: --device cuda:7") and "\n" not in err
+
+
+def test_the_demo_budget_is_the_pilots_and_its_help_says_so(capsys):
+    """`demo --help` names each task's demo budget, and a bare `demo --task guess-half` trains it."""
+    from capo_trl.harness.demo import DEMO_BUDGETS, demo_budget
+
+    import re
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "results" / "demo-budget" / "README.md").read_text()
+    steps, rate = re.search(r"\*\*Verdict: B\d+ \((\d+) steps at learning rate ([\d.e-]+)\) is the demo's budget", page).groups()
+    assert DEMO_BUDGETS == {"guess-half": dict(steps=int(steps), learning_rate=float(rate))}
+    budget = demo_budget("guess-half", steps=None, learning_rate=None)
+    assert (budget.steps, budget.learning_rate, budget.val_every) == (300, 4e-4, 75)
+    assert (demo_budget("arithmetic").steps, demo_budget("arithmetic").learning_rate) == (200, 2e-4)
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "300 on guess-half, else 200" in text and "4e-4 on guess-half, else 2e-4" in text
