@@ -9,7 +9,7 @@ renders ``compare.md`` and ``summary.json`` from those files alone: per-arm mean
 difference from the reference arm with a 95% t interval over complete seeds, the pilot criterion
 (:mod:`capo_trl.harness.pilot`) on the reference arm, and the mask's tally.
 
-    python -m capo_trl.harness.testbed run --task guess-half --methods grpo,grpo-mask,capo,capo-paper,capo-nomask \\
+    python -m capo_trl.harness.testbed run --task guess-half --methods grpo,grpo-mask,capo-mask,capo-paper,capo-nomask \\
       --seeds 0 1 2 3 4 5 --steps 600 --workers 2 --out runs/testbed/compare
     python -m capo_trl.harness.testbed report --out runs/testbed/compare
 """
