@@ -217,6 +217,20 @@ def test_calibrate_mask_updates_only_the_lines_of_its_keys(monkeypatch, capsys, 
     assert yaml.safe_load(created.read_text())["tau"] == 0.25
 
 
+def test_calibrate_mask_says_when_the_recipe_keeps_the_mask_off(monkeypatch, capsys, tmp_path):
+    """The embedded default's recipe trains without the mask: thresholds written there do nothing until it is on."""
+    _measured(monkeypatch)
+    recipe = Path(__file__).resolve().parents[1] / "examples" / "recipes" / "capo-arith-tiny-cpu.yaml"
+    config = tmp_path / "recipe.yaml"
+    config.write_text(recipe.read_text())
+    assert main(["calibrate-mask", "--write_config", str(config)]) == 0
+    assert "sets noise_mask: false, so the thresholds written apply only once it is true" in capsys.readouterr().err
+    on = tmp_path / "on.yaml"
+    on.write_text("noise_mask: true\n")
+    assert main(["calibrate-mask", "--write_config", str(on)]) == 0
+    assert "noise_mask: false" not in capsys.readouterr().err
+
+
 def test_calibrate_mask_takes_a_device_checked_before_sampling(capsys):
     from capo_trl.cli.main import main
 

@@ -7,6 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
+import yaml
+
 from ..data import arithmetic
 from .common import TEMPLATES, TEMPLATE_HELP, add_data_args, at_least, check_device, load_problems, one_line, quiet
 
@@ -199,5 +201,8 @@ def run_calibrate_mask(args) -> int:
         except OSError as err:
             raise UsageError(f"--write_config {path}: cannot write it ({err.strerror}); give a writable path.") from err
         print(f"wrote {', '.join(values)} to {path}")
+        if (yaml.safe_load(updated) or {}).get("noise_mask") is False:
+            print(f"capo-trl calibrate-mask: note: {path} sets noise_mask: false, so the thresholds written apply "
+                  "only once it is true (tau applies either way)", file=sys.stderr)
     return 0
 
