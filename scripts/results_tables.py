@@ -14,6 +14,7 @@ index (docs/results/README.md) and the other pages hold tables of settings, not 
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import re
 import statistics
@@ -290,19 +291,24 @@ def render_testbed_robustness() -> str:
             f"observed effect and sd: {f['power']:.2f}.\n\n" + second)
 
 
+@functools.cache
+def mask_study_analysis() -> dict:
+    """The protocol's analysis of the confirmatory study's committed run files (once per run of this script)."""
+    from capo_trl.harness import confirmatory
+
+    return confirmatory.analyse(RESULTS / "guess-half-mask-study", confirmatory.MASK_STUDY)
+
+
 def render_mask_study() -> str:
     """The confirmatory study's block: the protocol's analysis of its committed run files."""
     from capo_trl.harness import confirmatory
 
-    plan = confirmatory.MASK_STUDY
-    return confirmatory.render(confirmatory.analyse(RESULTS / "guess-half-mask-study", plan), plan)
+    return confirmatory.render(mask_study_analysis(), confirmatory.MASK_STUDY)
 
 
 def render_mask_study_words() -> str:
     """The confirmatory study's result in one paragraph, for README.md, docs/concepts.md and the results index."""
-    from capo_trl.harness import confirmatory
-
-    a = confirmatory.analyse(RESULTS / "guess-half-mask-study", confirmatory.MASK_STUDY)
+    a = mask_study_analysis()
     look, p, means = a["look"], a["primary"], a["means"]
     if look is None or not look["stop"]:
         return "The confirmatory study on `guess-half` has not reached a look that ends it.\n"

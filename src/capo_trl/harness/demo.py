@@ -42,7 +42,7 @@ MASK_STUDY_RESULT = {
 
 
 def _interval(d: tuple, level: float = 0.95) -> str:
-    return f"{d[0]:+.3f} ({level:.1%} interval {d[1]:+.3f} to {d[2]:+.3f})".replace(".0%", "%")
+    return f"{d[0]:+.3f} ({100 * level:g}% interval {d[1]:+.3f} to {d[2]:+.3f})"
 
 
 def testbed_evidence(t: dict = MASK_STUDY_RESULT) -> str:

@@ -22,15 +22,16 @@ from ..data.tasks import get_task
 # The paper's CAPO, exactly (tau in nats, 1/tau scale, fixed mask thresholds).
 PAPER = dict(advantage_estimator="capo", tau=0.6, tau_mode="absolute", advantage_scale="paper",
              noise_mask=True, ref_thresholds="fixed", ref_high=2.5, ref_low=1.05, noise_mask_guard=False)
+# The embedded default before the confirmatory study: the mask on, thresholds measured on the first batch.
+MASKED = {**EMBEDDED_METHOD, "noise_mask": True, "ref_thresholds": "auto"}
 PRESETS: dict[str, dict] = {
     "grpo": dict(advantage_estimator="grpo"),
     "capo": dict(EMBEDDED_METHOD),  # what `capo-trl train` trains the embedded model with (no mask)
     "capo-nomask": dict(EMBEDDED_METHOD),  # = capo; the confirmatory study's name for it
-    # The embedded default before the confirmatory study: the mask on, thresholds measured on the first batch.
-    "capo-mask": {**EMBEDDED_METHOD, "noise_mask": True, "ref_thresholds": "auto"},
+    "capo-mask": dict(MASKED),
     # One side of the mask each (thresholds measured as `capo-mask` does; amend ref_thresholds=fixed:...).
-    "capo-mask-correct": {**EMBEDDED_METHOD, "noise_mask": True, "ref_thresholds": "auto", "noise_mask_side": "correct"},
-    "capo-mask-wrong": {**EMBEDDED_METHOD, "noise_mask": True, "ref_thresholds": "auto", "noise_mask_side": "wrong"},
+    "capo-mask-correct": {**MASKED, "noise_mask_side": "correct"},
+    "capo-mask-wrong": {**MASKED, "noise_mask_side": "wrong"},
     "capo-paper": PAPER,
     "capo-recommended": dict(RECOMMENDED),  # for a real model: the paper's settings with the guard on
     "grpo-mask": dict(advantage_estimator="grpo", noise_mask=True, ref_thresholds="auto"),
