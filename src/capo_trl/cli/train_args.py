@@ -20,6 +20,7 @@ from ..training.defaults import EMBEDDED_METHOD, TrainingBudget, training_config
 from ..errors import UsageError, check_model_path, check_output_dir
 from .reward_names import REWARDS, resolve_reward
 from .train_flags import LAUNCH_FLAG as FLAG, check_flags, check_recipe_keys, read_recipe
+from ..data.models import resolve_model
 from ..data.tasks import TASKS
 
 
@@ -263,7 +264,8 @@ def preflight(script_args: ScriptArguments, training_args: CAPOConfig, model_arg
     if name is not None and data.dataset_kind(name) == "local" and not Path(name).is_file():
         raise UsageError(f"dataset_name {name}: no such file. Give an existing .json/.jsonl/.csv/.parquet file, "
                          "a registry name or a hub dataset id.")
-    if model_args.model_name_or_path is not None:
+    if model_args.model_name_or_path is not None:  # a fetched short name becomes its folder here
+        model_args.model_name_or_path = resolve_model(model_args.model_name_or_path, "model_name_or_path")
         check_model_path(model_args.model_name_or_path, "model_name_or_path")
     if script_args.reward_model_name_or_path is not None:
         check_model_path(script_args.reward_model_name_or_path, "reward_model_name_or_path")

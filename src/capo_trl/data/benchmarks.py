@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # imported where used: `capo-trl --help` must not load datasets (seconds)
     from datasets import Dataset
 
+from .addition import addition_prompt
 from ..errors import UsageError
 from .tasks import TASKS, get_task
 
@@ -36,7 +37,8 @@ def raw_prompt(problem: str) -> str:
     return problem
 
 
-PROMPT_TEMPLATES = {"qwen_math": qwen_math_prompt, "plain": plain_math_prompt, "raw": raw_prompt}
+PROMPT_TEMPLATES = {"qwen_math": qwen_math_prompt, "plain": plain_math_prompt, "raw": raw_prompt,
+                    "addition_chat": addition_prompt}
 DEFAULT_TEMPLATE = "qwen_math"  # of a math dataset that names none (the arithmetic task's is "raw")
 ROLES = ("problem", "answer", "id")
 TRAIN_ROLES = (*ROLES, "solution")  # capo-trl train also names the column TRL's accuracy_reward reads
@@ -106,7 +108,7 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
                       answer="final_answer", id="id", config="OE_TO_maths_en_COMP"),
         BenchmarkSpec("deepscaler", "agentica-org/DeepScaleR-Preview-Dataset", split="train"),
         # the embedded tasks, registered in capo_trl.data.tasks: no hub id, generated splits train/validation/test
-        *(BenchmarkSpec(name, None, template="raw") for name in TASKS),
+        *(BenchmarkSpec(name, None, template=task.template) for name, task in TASKS.items()),
     )
 }
 _ALIASES = {"math-500": "math500", "aime2024": "aime24", "aime2025": "aime25", "amc2023": "amc23",

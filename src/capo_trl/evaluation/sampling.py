@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from .prefill import shared_prefill
 from .recorder import RolloutLogprobRecorder
 
 
@@ -88,7 +89,7 @@ def _sample_transformers(model, tokenizer, prompt_ids, n, temperature, top_p, to
         input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=device)
         mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
         recorder = RolloutLogprobRecorder(temperature if sampling else 1.0)
-        with recorder.attached(model):
+        with recorder.attached(model), shared_prefill(model):  # a problem's n draws share one prompt forward
             generated = model.generate(input_ids=input_ids, attention_mask=mask, generation_config=config)
         completions = []
         for row in generated[:, width:].tolist():

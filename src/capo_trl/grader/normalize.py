@@ -250,8 +250,18 @@ def _final_boxes(text: str) -> str:
     return text[spans[-1][0] :]
 
 
+# A completion that is nothing but a number (``54``, ``-3.5``, ``54.``): its answer, though unanchored.
+_BARE_NUMBER = re.compile(r"\s*(-?[0-9]+(?:\.[0-9]+)?)\.?\s*")
+
+
 def prepared_text(text: str) -> str:
-    """What math-verify is given for a completion: its final answer run, notations rewritten."""
+    """What math-verify is given for a completion: its final answer run, notations rewritten.
+
+    A completion that is only a number is read as that number (boxed): nothing else in it could be
+    the answer. Any other unanchored number still counts for nothing (``9 * 6 = 54``, ``I think 54``).
+    """
+    if bare := _BARE_NUMBER.fullmatch(text):
+        text = f"\\boxed{{{bare[1]}}}"
     return _normalize(_final_boxes(text))
 
 

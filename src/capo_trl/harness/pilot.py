@@ -24,6 +24,7 @@ from functools import partial
 from pathlib import Path
 
 from ..data.guessing import guess_breakdown
+from ..data.models import resolve_model
 from ..data.tasks import TASKS
 from . import driver
 
@@ -99,6 +100,7 @@ def main(argv=None):
     parser.add_argument("--out", required=True)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the machine is shared)")
     args = parser.parse_args(argv)
+    args.model = resolve_model(args.model, "--model")
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from ..training.defaults import EMBEDDED_METHOD, RECOMMENDED, TrainingBudget, training_config
+from ..data.models import resolve_model
 from ..errors import UsageError, check_model_path
 from ..data.tasks import get_task
 
@@ -114,7 +115,7 @@ def check_budget(budget: Budget) -> None:
                          f"{budget.grader_noise!r}.")
     get_task(budget.task)  # an unknown name: a UsageError naming --task
     if budget.model is not None:
-        check_model_path(budget.model, "--model")
+        check_model_path(resolve_model(budget.model, "--model"), "--model")
 
 
 def parse_methods(text: str, flag: str = "--methods") -> list[tuple[str, dict]]:

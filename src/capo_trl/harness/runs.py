@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..data.models import resolve_model
 from ..data.tasks import get_task
 from .presets import Budget, method_config
 
@@ -27,7 +28,7 @@ def _reward(budget: Budget):
 
 def start_model(budget: Budget) -> str:
     """The model every run starts from: ``budget.model``, else the start model shipped with the budget's task."""
-    return budget.model or get_task(budget.task).model_path()
+    return resolve_model(budget.model, "--model") or get_task(budget.task).model_path()
 
 
 def evaluate_test(model, tokenizer, budget: Budget, seed: int, dataset=None):

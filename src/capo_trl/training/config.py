@@ -117,6 +117,12 @@ class CAPOConfig(*_METHOD_ARGS, GRPOConfig):
             router aux loss, a method whose loss reads only the advantage of such rows), except under
             `"grpo"`, whose promise is bit-for-bit GRPOTrainer; `True` turns it on (an error where it is
             not exact); `False` off. Logged as `capo/skipped_frac`.
+        share_prompt_prefill (`bool`, defaults to `False`):
+            With transformers generation, prefill each prompt once and share its cache with the
+            `num_generations` samples drawn from it (`capo_trl.evaluation.prefill`), instead of one
+            prompt forward per sample. Same sampling distribution; numbers differ by float rounding from
+            unshared generation, so it is off by default (GRPOTrainer's own behaviour). Worth it when
+            prompts are long next to completions (few-shot prompts on a CPU).
         method_kwargs (`dict` or `None`, defaults to `None`):
             Settings of a method defined outside capo-trl, checked against its `Args` dataclass.
     """
@@ -185,6 +191,12 @@ class CAPOConfig(*_METHOD_ARGS, GRPOConfig):
         metadata={"help": "Leave rows whose advantage is exactly zero out of the loss forward and backward (the "
                   "update is unchanged). Default (None): on wherever exact, except for 'grpo' (bit-for-bit "
                   "GRPOTrainer); true: on (an error where not exact); false: off."},
+    )
+    share_prompt_prefill: bool = field(
+        default=False,
+        metadata={"help": "Prefill each prompt once per generation batch and share its cache with its "
+                  "num_generations samples (transformers generation only; numbers differ from unshared "
+                  "generation by float rounding). Default false: GRPOTrainer's own generation."},
     )
     method_kwargs: dict | str | None = field(
         default=None,

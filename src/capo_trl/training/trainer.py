@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -38,6 +39,7 @@ from ..methods import AdvantageInputs, Rollout, resolve_method
 from ..methods.base import verbalized_inputs
 from .model_card import CAPO_PAPER, settings_section
 from .monitor import rollout_metrics
+from ..evaluation.prefill import shared_prefill
 from ..evaluation.recorder import RolloutLogprobRecorder, distribution_changes
 from .reference import ReferenceScoreCache, add_reference_adapter, build_reference, snapshot
 from .scoring import ReferenceScoring
@@ -182,11 +184,14 @@ class CAPOTrainer(CheckpointedState, MethodLosses, ReferenceScoring, GRPOTrainer
         return rewards
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        model = self.accelerator.unwrap_model(self.model_wrapped)
+        shared = shared_prefill(model) if self.args.share_prompt_prefill else nullcontext()
         if not self._records_rollout_logps():
-            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
-                                                 has_tool_images)
+            with shared:
+                return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
+                                                     has_tool_images)
         recorder = RolloutLogprobRecorder(self.temperature)
-        with recorder.attached(self.accelerator.unwrap_model(self.model_wrapped)):
+        with recorder.attached(model), shared:  # the recorder inside: it sees the shared-cache generate's steps
             completion_ids, logprobs = super()._generate_single_turn(
                 prompt_ids, images, multimodal_fields, num_generations, has_tool_images
             )
