@@ -273,7 +273,7 @@ def preflight(script_args: ScriptArguments, training_args: CAPOConfig, model_arg
         raise UsageError(f"resume_from_checkpoint {resume}: no such directory; give a checkpoint-N folder, or "
                          "'last' for the newest one in output_dir.")
     # the checks that need no model: a broken checkpoint is refused here, before it loads (the trainer checks again)
-    resume_checkpoint(resume, str(out), needs_optimizer=False, warn=False)
+    resume_checkpoint(resume, str(out), needs_optimizer=False, warn=False, max_steps=training_args.max_steps)
     if resume is None and not script_args.overwrite_output_dir:
         check_output_dir(out, overwrite=False, flag="--overwrite_output_dir true (or resume it with "
                                                      "--resume_from_checkpoint last)")

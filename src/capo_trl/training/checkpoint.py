@@ -61,9 +61,9 @@ class CheckpointedState:
         return not (self.args.save_only_model or self.is_deepspeed_enabled or self.is_fsdp_enabled)
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        """Resume only from a complete checkpoint: ``True`` takes the newest complete one, a broken path is refused."""
+        """Resume only from a complete, unfinished checkpoint: ``True`` takes the newest complete one."""
         resume_from_checkpoint = resume_checkpoint(resume_from_checkpoint, self.args.output_dir,
-                                                   self._needs_optimizer_files())
+                                                   self._needs_optimizer_files(), max_steps=self.args.max_steps)
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def _save_checkpoint(self, model, trial):

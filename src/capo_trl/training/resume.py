@@ -124,11 +124,25 @@ def newest_complete(output_dir: str, needs_optimizer: bool = True) -> tuple[str 
     return None, broken
 
 
-def resume_checkpoint(value, output_dir: str, needs_optimizer: bool = True, warn: bool = True) -> str | None:
+def _check_unfinished(folder: str, max_steps: int) -> str:
+    """Transformers trains one step more when resumed at its last step: a finished run is refused instead."""
+    with open(os.path.join(folder, TRAINER_STATE)) as f:
+        state = json.load(f)
+    step, total = state.get("global_step", 0), max_steps if max_steps > 0 else state.get("max_steps", 0)
+    if total and step >= total:
+        raise UsageError(f"resume_from_checkpoint {folder} is step {step} of max_steps={total}: that run is finished "
+                         "(resuming it would train one step more); its weights are the trained model, or raise "
+                         "max_steps to train on.")
+    return folder
+
+
+def resume_checkpoint(value, output_dir: str, needs_optimizer: bool = True, warn: bool = True,
+                      max_steps: int = -1) -> str | None:
     """The folder to resume from for Trainer's ``resume_from_checkpoint`` (None, True or a path).
 
     True takes the newest complete checkpoint of ``output_dir`` (saying which newer ones it passes
-    over); a path must be complete. Anything else is refused in one line naming the checkpoint to use.
+    over); a path must be complete. Anything else is refused in one line naming the checkpoint to use,
+    and so is a checkpoint at the run's last step (``max_steps``; -1: the one the checkpoint recorded).
     """
     if value is None or value is False:
         return None
@@ -146,10 +160,10 @@ def resume_checkpoint(value, output_dir: str, needs_optimizer: bool = True, warn
             names = ", ".join(f"{os.path.basename(f)} ({p})" for f, p in broken)
             warnings.warn(f"resume_from_checkpoint: skipping incomplete {names} (killed while saving?); resuming "
                           f"from {folder}, the newest complete checkpoint.", stacklevel=3)
-        return folder
+        return _check_unfinished(folder, max_steps)
     problem = checkpoint_problem(str(value), needs_optimizer)
     if problem is None:
-        return str(value)
+        return _check_unfinished(str(value), max_steps)
     folder, _ = newest_complete(os.path.dirname(os.path.normpath(str(value))), needs_optimizer)
     use = f"resume from {folder}, the newest complete checkpoint" if folder else start_afresh
     raise UsageError(f"resume_from_checkpoint {value} is incomplete ({problem}; killed while saving?); {use}.")
