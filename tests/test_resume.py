@@ -149,6 +149,14 @@ def test_no_complete_checkpoint_is_refused_in_one_line(saved_run, tmp_path):
     assert "\n" not in str(err.value) and "--overwrite_output_dir true" in str(err.value)
 
 
+def test_a_finished_run_is_not_resumed(saved_run):
+    """Transformers trains one step more when resumed at max_steps: refused, naming the checkpoint that is the model."""
+    with pytest.raises(UsageError, match="checkpoint-2 is step 2 of max_steps=2: that run is finished"):
+        resume_checkpoint(True, str(saved_run), max_steps=2)
+    assert resume_checkpoint(True, str(saved_run), max_steps=3) == str(saved_run / "checkpoint-2")
+    assert resume_checkpoint(True, str(saved_run)) == str(saved_run / "checkpoint-2")  # its own max_steps: 3
+
+
 def test_resume_skips_an_incomplete_checkpoint_and_equals_not_stopping(saved_run, tiny_model_dir, tmp_path):
     """A kill between transformers' files and CAPO's (what the old order allowed) is no longer a silent re-measure."""
     straight = make(tiny_model_dir, tmp_path / "straight", max_steps=3, save_steps=1, **SETTINGS["mask-auto"])
