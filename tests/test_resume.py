@@ -141,6 +141,18 @@ def test_an_incomplete_checkpoint_is_recognised(case, saved_run, tmp_path):
         resume_checkpoint(str(out / "checkpoint-2"), str(out))
 
 
+def test_trls_adaptive_entropy_state_is_required_when_the_run_uses_it(saved_run):
+    """TRL writes it after the checkpoint is otherwise complete and skips it silently when absent."""
+    folder, name = str(saved_run / "checkpoint-2"), "entropy_ctrl_state.json"
+    assert checkpoint_problem(folder, needs_json=(name,)) == f"no {name}"
+    (saved_run / "checkpoint-2" / name).write_text('{"entropy_coef": 0.')
+    try:
+        assert checkpoint_problem(folder, needs_json=(name,)) == f"{name} cut short"
+        assert checkpoint_problem(folder) is None  # a run without adaptive entropy does not read it
+    finally:
+        (saved_run / "checkpoint-2" / name).unlink()
+
+
 def test_no_complete_checkpoint_is_refused_in_one_line(saved_run, tmp_path):
     out = broken_copy(saved_run, tmp_path, remove(CAPO_STATE))
     (out / "checkpoint-1" / "trainer_state.json").unlink()

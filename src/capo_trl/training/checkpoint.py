@@ -24,7 +24,7 @@ from accelerate.utils import gather_object
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..errors import UsageError
-from .resume import CAPO_STATE, LEGACY_STATE, TRAINER_STATE, checkpoint_problem, resume_checkpoint
+from .resume import CAPO_STATE, ENTROPY_STATE, LEGACY_STATE, TRAINER_STATE, checkpoint_problem, resume_checkpoint
 
 
 def save_atomically(obj, path: str) -> None:
@@ -62,8 +62,9 @@ class CheckpointedState:
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """Resume only from a complete, unfinished checkpoint: ``True`` takes the newest complete one."""
-        resume_from_checkpoint = resume_checkpoint(resume_from_checkpoint, self.args.output_dir,
-                                                   self._needs_optimizer_files(), max_steps=self.args.max_steps)
+        resume_from_checkpoint = resume_checkpoint(
+            resume_from_checkpoint, self.args.output_dir, self._needs_optimizer_files(), max_steps=self.args.max_steps,
+            needs_json=(ENTROPY_STATE,) if self.use_adaptive_entropy else ())
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def _save_checkpoint(self, model, trial):

@@ -23,6 +23,7 @@ from ..errors import UsageError
 CAPO_STATE = "capo_state.pt"
 LEGACY_STATE = "capo_state_{}.pt"  # one file per process, written before capo_state.pt existed
 TRAINER_STATE = "trainer_state.json"  # transformers' TRAINER_STATE_NAME
+ENTROPY_STATE = "entropy_ctrl_state.json"  # TRL's use_adaptive_entropy controller
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")  # transformers' PREFIX_CHECKPOINT_DIR-<global step>
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors", "pytorch_model.bin",
            "pytorch_model.bin.index.json", "adapter_model.bin")
@@ -65,11 +66,13 @@ def _file_problem(folder: str, name: str) -> str | None:
     return None
 
 
-def checkpoint_problem(folder: str, needs_optimizer: bool = True) -> str | None:
+def checkpoint_problem(folder: str, needs_optimizer: bool = True, needs_json: tuple[str, ...] = ()) -> str | None:
     """Why ``folder`` cannot be resumed from, in a few words; None when it is complete.
 
     ``needs_optimizer``: the run saves optimizer, scheduler and RNG files as plain files (not
-    ``save_only_model``, not DeepSpeed or FSDP, which write their own folders).
+    ``save_only_model``, not DeepSpeed or FSDP, which write their own folders). ``needs_json``: JSON
+    files the run's trainer reads back, which must be there and whole (TRL's adaptive-entropy state,
+    written after the rest of the checkpoint and skipped silently by TRL when absent).
     """
     try:
         names = set(os.listdir(folder))
@@ -96,6 +99,14 @@ def checkpoint_problem(folder: str, needs_optimizer: bool = True) -> str | None:
                 return f"no {name}"
         if not names & {"rng_state.pth", "rng_state_0.pth"}:  # every process's is written before trainer_state
             return "no rng_state.pth"
+    for name in needs_json:
+        if name not in names:
+            return f"no {name}"
+        try:
+            with open(os.path.join(folder, name)) as f:
+                json.load(f)
+        except ValueError:
+            return f"{name} cut short"
     for name in sorted(names):
         if os.path.isfile(os.path.join(folder, name)):
             problem = _file_problem(folder, name)
@@ -113,11 +124,12 @@ def checkpoints(output_dir: str) -> list[str]:
     return [os.path.join(output_dir, n) for _, n in sorted(found, reverse=True)]
 
 
-def newest_complete(output_dir: str, needs_optimizer: bool = True) -> tuple[str | None, list[tuple[str, str]]]:
+def newest_complete(output_dir: str, needs_optimizer: bool = True,
+                    needs_json: tuple[str, ...] = ()) -> tuple[str | None, list[tuple[str, str]]]:
     """The newest complete checkpoint of ``output_dir`` (None if none) and the (folder, problem) of newer ones."""
     broken = []
     for folder in checkpoints(output_dir):
-        problem = checkpoint_problem(folder, needs_optimizer)
+        problem = checkpoint_problem(folder, needs_optimizer, needs_json)
         if problem is None:
             return folder, broken
         broken.append((folder, problem))
@@ -137,7 +149,7 @@ def _check_unfinished(folder: str, max_steps: int) -> str:
 
 
 def resume_checkpoint(value, output_dir: str, needs_optimizer: bool = True, warn: bool = True,
-                      max_steps: int = -1) -> str | None:
+                      max_steps: int = -1, needs_json: tuple[str, ...] = ()) -> str | None:
     """The folder to resume from for Trainer's ``resume_from_checkpoint`` (None, True or a path).
 
     True takes the newest complete checkpoint of ``output_dir`` (saying which newer ones it passes
@@ -148,7 +160,7 @@ def resume_checkpoint(value, output_dir: str, needs_optimizer: bool = True, warn
         return None
     start_afresh = "start afresh (capo-trl train: --overwrite_output_dir true)"
     if value is True:
-        folder, broken = newest_complete(output_dir, needs_optimizer)
+        folder, broken = newest_complete(output_dir, needs_optimizer, needs_json)
         if folder is None and not broken:
             raise UsageError(f"resume_from_checkpoint: {output_dir} holds no checkpoint-N folder to resume from; "
                              "drop the flag to start afresh, or point output_dir at the run to resume.")
@@ -161,9 +173,9 @@ def resume_checkpoint(value, output_dir: str, needs_optimizer: bool = True, warn
             warnings.warn(f"resume_from_checkpoint: skipping incomplete {names} (killed while saving?); resuming "
                           f"from {folder}, the newest complete checkpoint.", stacklevel=3)
         return _check_unfinished(folder, max_steps)
-    problem = checkpoint_problem(str(value), needs_optimizer)
+    problem = checkpoint_problem(str(value), needs_optimizer, needs_json)
     if problem is None:
         return _check_unfinished(str(value), max_steps)
-    folder, _ = newest_complete(os.path.dirname(os.path.normpath(str(value))), needs_optimizer)
+    folder, _ = newest_complete(os.path.dirname(os.path.normpath(str(value))), needs_optimizer, needs_json)
     use = f"resume from {folder}, the newest complete checkpoint" if folder else start_afresh
     raise UsageError(f"resume_from_checkpoint {value} is incomplete ({problem}; killed while saving?); {use}.")
