@@ -2,6 +2,9 @@
 (measured mask thresholds, the reference-score cache, CoDaPO's replay buffer, CDE's schedule)."""
 
 import math
+import os
+import re
+import shutil
 
 import pytest
 import torch
@@ -9,7 +12,9 @@ from capo_trl.testing.tiny import digit_reward, tiny_dataset
 from transformers import TrainerCallback
 
 from capo_trl import CAPOConfig, CAPOTrainer
+from capo_trl.errors import UsageError
 from capo_trl.training.checkpoint import CAPO_STATE
+from capo_trl.training.resume import checkpoint_problem, resume_checkpoint
 
 COMMON = dict(
     per_device_train_batch_size=8, num_generations=4, max_completion_length=8, max_steps=4, learning_rate=5e-2,
@@ -82,14 +87,117 @@ def test_resume_equals_uninterrupted(setting, tiny_model_dir, tmp_path):
         assert not diff, f"{setting}: logged metrics differ after resume: {diff}"
 
 
-def test_checkpoint_without_capo_state_warns(tiny_model_dir, tmp_path):
-    """A checkpoint written without CAPO's state (older version) resumes, but says what starts afresh."""
-    trainer = make(tiny_model_dir, tmp_path / "run", max_steps=2, **SETTINGS["mask-auto"])
+@pytest.fixture(scope="module")
+def saved_run(tiny_model_dir, tmp_path_factory):
+    """A 3-step run with the mask's auto thresholds stopped after step 2, checkpointed after each step."""
+    out = tmp_path_factory.mktemp("saved-run")
+    trainer = make(tiny_model_dir, out, max_steps=3, save_steps=1, **SETTINGS["mask-auto"])
+    trainer.add_callback(StopAt(2))
     trainer.train()
-    (tmp_path / "run" / "checkpoint-2" / CAPO_STATE).unlink()
-    again = make(tiny_model_dir, tmp_path / "run", max_steps=3, **SETTINGS["mask-auto"])
-    with pytest.warns(UserWarning, match="measured mask thresholds.*start afresh"):
-        again.train(resume_from_checkpoint=True)
+    return out
+
+
+def broken_copy(saved_run, tmp_path, damage):
+    """A copy of ``saved_run`` whose checkpoint-2 had ``damage(folder)`` done to it."""
+    out = tmp_path / "run"
+    shutil.copytree(saved_run, out)
+    damage(out / "checkpoint-2")
+    return out
+
+
+def cut(name, keep=0.5):
+    def damage(folder):
+        data = (folder / name).read_bytes()
+        (folder / name).write_bytes(data[:int(len(data) * keep)])
+    return damage
+
+
+def remove(name):
+    return lambda folder: (folder / name).unlink()
+
+
+DAMAGE = {  # what a process killed while saving can leave, and how checkpoint_problem names it
+    "capo-state-missing": (remove(CAPO_STATE), "no capo_state.pt"),
+    "capo-state-cut": (cut(CAPO_STATE), "capo_state.pt cut short"),
+    "trainer-state-missing": (remove("trainer_state.json"), "no trainer_state.json"),
+    "trainer-state-cut": (cut("trainer_state.json"), "trainer_state.json cut short"),
+    "weights-cut": (cut("model.safetensors", 0.9), "model.safetensors cut short"),
+    "weights-missing": (remove("model.safetensors"), "no model weights"),
+    "optimizer-cut": (cut("optimizer.pt", 0.99), "optimizer.pt cut short"),
+    "optimizer-missing": (remove("optimizer.pt"), "no optimizer.pt"),
+    "rng-missing": (remove("rng_state.pth"), "no rng_state.pth"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGE))
+def test_an_incomplete_checkpoint_is_recognised(case, saved_run, tmp_path):
+    damage, problem = DAMAGE[case]
+    assert checkpoint_problem(str(saved_run / "checkpoint-2")) is None
+    out = broken_copy(saved_run, tmp_path, damage)
+    assert checkpoint_problem(str(out / "checkpoint-2")) == problem
+    with pytest.warns(UserWarning, match=f"skipping incomplete checkpoint-2 \\({re.escape(problem)}\\).*resuming from .*checkpoint-1"):
+        assert resume_checkpoint(True, str(out)) == str(out / "checkpoint-1")
+    with pytest.raises(UsageError, match=f"checkpoint-2 is incomplete \\({re.escape(problem)};.*resume from .*checkpoint-1, the newest"):
+        resume_checkpoint(str(out / "checkpoint-2"), str(out))
+
+
+def test_trls_adaptive_entropy_state_is_required_when_the_run_uses_it(saved_run):
+    """TRL writes it after the checkpoint is otherwise complete and skips it silently when absent."""
+    folder, name = str(saved_run / "checkpoint-2"), "entropy_ctrl_state.json"
+    assert checkpoint_problem(folder, needs_json=(name,)) == f"no {name}"
+    (saved_run / "checkpoint-2" / name).write_text('{"entropy_coef": 0.')
+    try:
+        assert checkpoint_problem(folder, needs_json=(name,)) == f"{name} cut short"
+        assert checkpoint_problem(folder) is None  # a run without adaptive entropy does not read it
+    finally:
+        (saved_run / "checkpoint-2" / name).unlink()
+
+
+def test_no_complete_checkpoint_is_refused_in_one_line(saved_run, tmp_path):
+    out = broken_copy(saved_run, tmp_path, remove(CAPO_STATE))
+    (out / "checkpoint-1" / "trainer_state.json").unlink()
+    with pytest.raises(UsageError, match="holds no complete checkpoint: .*checkpoint-2 is incomplete") as err:
+        resume_checkpoint(True, str(out))
+    assert "\n" not in str(err.value) and "--overwrite_output_dir true" in str(err.value)
+
+
+def test_a_finished_run_is_not_resumed(saved_run):
+    """Transformers trains one step more when resumed at max_steps: refused, naming the checkpoint that is the model."""
+    with pytest.raises(UsageError, match="checkpoint-2 is step 2 of max_steps=2: that run is finished"):
+        resume_checkpoint(True, str(saved_run), max_steps=2)
+    assert resume_checkpoint(True, str(saved_run), max_steps=3) == str(saved_run / "checkpoint-2")
+    assert resume_checkpoint(True, str(saved_run)) == str(saved_run / "checkpoint-2")  # its own max_steps: 3
+
+
+def test_resume_skips_an_incomplete_checkpoint_and_equals_not_stopping(saved_run, tiny_model_dir, tmp_path):
+    """A kill between transformers' files and CAPO's (what the old order allowed) is no longer a silent re-measure."""
+    straight = make(tiny_model_dir, tmp_path / "straight", max_steps=3, save_steps=1, **SETTINGS["mask-auto"])
+    straight.train()
+    out = broken_copy(saved_run, tmp_path, remove(CAPO_STATE))
+    resumed = make(tiny_model_dir, out, max_steps=3, save_steps=1, **SETTINGS["mask-auto"])
+    with pytest.warns(UserWarning, match="skipping incomplete checkpoint-2"):
+        resumed.train(resume_from_checkpoint=True)
+    assert [r["step"] for r in resumed.state.log_history if "loss" in r] == [1, 2, 3]
+    for (name, p), q in zip(straight.model.named_parameters(), resumed.model.parameters()):
+        assert torch.equal(p, q), name
+    assert checkpoint_problem(str(out / "checkpoint-2")) is None  # written again, whole
+
+
+def test_capo_state_is_in_the_checkpoint_before_transformers_writes_it(tiny_model_dir, tmp_path):
+    """CAPO's file lands before the weights (so before trainer_state.json and any rotation), atomically."""
+    seen = []
+
+    class Watching(CAPOTrainer):
+        def save_model(self, output_dir=None, _internal_call=False):
+            if _internal_call:
+                seen.append(sorted(os.listdir(output_dir)))
+            return super().save_model(output_dir, _internal_call)
+
+    args = CAPOConfig(output_dir=str(tmp_path / "run"), **{**COMMON, "max_steps": 2, "save_steps": 1,
+                                                            "save_total_limit": 1, **SETTINGS["mask-auto"]})
+    Watching(model=tiny_model_dir, reward_funcs=digit_reward, args=args, train_dataset=tiny_dataset()).train()
+    assert seen == [[CAPO_STATE], [CAPO_STATE]]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir() if p.name.startswith("checkpoint")) == ["checkpoint-2"]
 
 
 def test_codapo_deferred_batches_are_resplit_for_another_process_count():
@@ -107,8 +215,6 @@ def test_codapo_deferred_batches_are_resplit_for_another_process_count():
 
 def test_a_checkpoint_of_two_processes_resumes_on_one(tiny_model_dir, tmp_path):
     """Every process gets the same measured thresholds; pooled caches; a state that cannot be re-split is refused."""
-    from capo_trl.errors import UsageError
-
     trainer = make(tiny_model_dir, tmp_path / "a", ref_high=1e6, ref_low=1.0, noise_mask=True,
                    ref_thresholds="auto", ref_cache_size=8)
     mask = {"measured_thresholds": (3.0, 2.0), "threshold_samples": [], "warned": []}

@@ -258,7 +258,7 @@ def preflight(script_args: ScriptArguments, training_args: CAPOConfig, model_arg
 
     An earlier run's folder is refused unless resuming it or told to replace it.
     """
-    from transformers.trainer_utils import get_last_checkpoint
+    from ..training.resume import resume_checkpoint
 
     name = script_args.dataset_name
     if name is not None and data.dataset_kind(name) == "local" and not Path(name).is_file():
@@ -271,12 +271,11 @@ def preflight(script_args: ScriptArguments, training_args: CAPOConfig, model_arg
         check_model_path(script_args.reward_model_name_or_path, "reward_model_name_or_path")
     out = Path(training_args.output_dir)
     resume = _resume_target(training_args.resume_from_checkpoint)
-    if resume is True and (not out.is_dir() or get_last_checkpoint(str(out)) is None):
-        raise UsageError(f"resume_from_checkpoint: {out} holds no checkpoint-N folder to resume from; drop the flag "
-                         "to start afresh, or point output_dir at the run to resume.")
     if isinstance(resume, str) and not Path(resume).is_dir():
         raise UsageError(f"resume_from_checkpoint {resume}: no such directory; give a checkpoint-N folder, or "
                          "'last' for the newest one in output_dir.")
+    # the checks that need no model: a broken checkpoint is refused here, before it loads (the trainer checks again)
+    resume_checkpoint(resume, str(out), needs_optimizer=False, warn=False, max_steps=training_args.max_steps)
     if resume is None and not script_args.overwrite_output_dir:
         check_output_dir(out, overwrite=False, flag="--overwrite_output_dir true (or resume it with "
                                                      "--resume_from_checkpoint last)")

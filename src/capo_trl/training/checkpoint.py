@@ -7,25 +7,43 @@ per process) and each process's reference-score cache. So a run can resume on an
 processes: every process gets the same thresholds, a method state is re-split by the method
 (``reshard``) or refused in one line, and the caches are pooled (their entries are exact scores).
 With the same number of processes a resumed run equals an uninterrupted one (``tests/test_resume.py``).
+
+The file is part of the checkpoint, not an afterthought: it is written atomically (a temporary file,
+fsync, ``os.replace``) before transformers writes the checkpoint's own files, so it is there before
+``trainer_state.json`` marks the checkpoint complete and before ``save_total_limit`` deletes an older
+one; ``train`` resumes only from a complete checkpoint (``resume.py``), so a process killed at any
+instant resumes exactly or is refused in one line (``tests/test_kill_resume.py``).
 """
 
 from __future__ import annotations
 
 import os
-import warnings
 
 import torch
 from accelerate.utils import gather_object
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..errors import UsageError
+from .resume import CAPO_STATE, ENTROPY_STATE, LEGACY_STATE, TRAINER_STATE, checkpoint_problem, resume_checkpoint
 
-CAPO_STATE = "capo_state.pt"
-LEGACY_STATE = "capo_state_{}.pt"  # one file per process, written before capo_state.pt existed
+
+def save_atomically(obj, path: str) -> None:
+    """``torch.save`` that leaves either the old file or the whole new one, whenever the process dies."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    folder = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:
+        os.fsync(folder)  # the rename itself survives a crash of the machine
+    finally:
+        os.close(folder)
 
 
 class CheckpointedState:
-    """Mixin for :class:`~capo_trl.CAPOTrainer`: wraps the two Trainer methods that save and restore a checkpoint."""
+    """Mixin for :class:`~capo_trl.CAPOTrainer`: wraps the Trainer methods that save, choose and restore a checkpoint."""
 
     def _capo_state(self) -> dict:
         """This process's part of what CAPO carries from step to step."""
@@ -38,13 +56,33 @@ class CheckpointedState:
             state["ref_cache"] = self._ref_cache.state_dict()
         return state
 
+    def _needs_optimizer_files(self) -> bool:
+        """Transformers writes optimizer.pt / scheduler.pt / rng_state*.pth as plain files (DeepSpeed, FSDP: folders)."""
+        return not (self.args.save_only_model or self.is_deepspeed_enabled or self.is_fsdp_enabled)
+
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        """Resume only from a complete, unfinished checkpoint: ``True`` takes the newest complete one."""
+        resume_from_checkpoint = resume_checkpoint(
+            resume_from_checkpoint, self.args.output_dir, self._needs_optimizer_files(), max_steps=self.args.max_steps,
+            needs_json=(ENTROPY_STATE,) if self.use_adaptive_entropy else ())
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
     def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
+        """CAPO's state first, atomically; then transformers' save, whose ``trainer_state.json`` comes last."""
         parts = gather_object([self._capo_state()])  # every process calls _save_checkpoint
         if self.args.should_save:
             folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
             os.makedirs(folder, exist_ok=True)
-            torch.save({"processes": parts}, os.path.join(folder, CAPO_STATE))  # their count is len(parts)
+            stale = os.path.join(folder, TRAINER_STATE)
+            if os.path.exists(stale):  # a folder written again is incomplete until transformers writes it anew
+                os.remove(stale)
+            save_atomically({"processes": parts}, os.path.join(folder, CAPO_STATE))  # their count is len(parts)
+        super()._save_checkpoint(model, trial)
+
+    def _save_rng_state(self, output_dir):
+        """Every process's RNG file is whole before the main process writes ``trainer_state.json``."""
+        super()._save_rng_state(output_dir)
+        self.accelerator.wait_for_everyone()
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         """Resume hook (TRL restores its own controller state here too): reload :meth:`_capo_state`."""
@@ -58,16 +96,10 @@ class CheckpointedState:
             parts = torch.load(path, weights_only=True)["processes"]
         elif os.path.isfile(legacy):
             parts, index, count = [torch.load(legacy, weights_only=True)], 0, 1  # this process's own part only
-        else:
-            stateful = self.args.noise_mask and self.args.ref_thresholds == "auto" or self._method_state is not None
-            if stateful:
-                warnings.warn(
-                    f"{checkpoint} has no {CAPO_STATE} (written by an older capo-trl?): measured mask thresholds, "
-                    "the method's state (e.g. CoDaPO's replay buffer) and the reference cache start afresh, so this "
-                    "resumed run differs from an uninterrupted one.",
-                    stacklevel=2,
-                )
-            return
+        else:  # train() resumes only from complete checkpoints; this is a folder that changed since
+            problem = checkpoint_problem(checkpoint, self._needs_optimizer_files()) or f"no {CAPO_STATE}"
+            raise UsageError(f"resume_from_checkpoint {checkpoint} is incomplete ({problem}); resume from a complete "
+                             "checkpoint-N folder (resume_from_checkpoint=True takes the newest).")
         self._restore(parts, index, count, checkpoint)
 
     def _restore(self, parts: list[dict], index: int, count: int, checkpoint: str) -> None:

@@ -9,7 +9,8 @@ It wraps (never copies) these GRPOTrainer / Trainer methods, calling ``super()``
   and the mask on the global batch, writes this process's slice back, and logs calibration metrics;
 * ``_prepare_inputs``: lets a method's state (CoDaPO's replay) choose the generation batch;
 * ``compute_loss`` and ``_get_per_token_logps_and_entropies`` (``losses.py``): the method loss hooks;
-* ``_save_checkpoint`` and ``_load_optimizer_and_scheduler`` (``checkpoint.py``): CAPO's state;
+* ``train``, ``_save_checkpoint``, ``_save_rng_state`` and ``_load_optimizer_and_scheduler`` (``checkpoint.py``):
+  CAPO's state, inside each checkpoint, and resuming only from a complete one;
 * ``create_model_card``: CAPO's citation and settings.
 """
 
