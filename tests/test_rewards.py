@@ -538,3 +538,13 @@ def test_memory_limit_can_be_disabled():
     with MathReward(timeout=1, workers=1, memory_limit_mb=None) as r:
         assert r.grade([r"\boxed{2}"], ["2"]) == [1.0]
         assert r._run(_address_space_limit, [()]) == [resource.getrlimit(resource.RLIMIT_AS)[0]]  # the parent's
+
+
+def test_a_completion_that_is_only_a_number_is_graded_as_that_number():
+    """A real chat model asked for the number answers ``54``: nothing else in the text could be the answer."""
+    from capo_trl.grader import default_grader
+
+    texts = ["54", "54.", " 54\n", "-3.5", "9 * 6 = 54", "I think 54", "54 apples", "5.4.", "The answer is 54"]
+    golds = ["54", "54", "54", "-3.5", "54", "54", "54", "54", "54"]
+    assert default_grader().grade(texts, golds) == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+    assert default_grader().grade(["55"], ["54"]) == [0.0]

