@@ -393,6 +393,21 @@ def render_redraw_study() -> str:
     return confirmatory.render(confirmatory.analyse(folder, confirmatory.REDRAW_STUDY), confirmatory.REDRAW_STUDY)
 
 
+REAL_START = {"addition": "two-digit addition", "addition-guess-half": "addition, half the items hiding an operand"}
+
+
+def render_real_start() -> str:
+    """The real model's start (no RL) on each of its tasks' test splits (smollm2-start/<task>/report.json)."""
+    body = []
+    for task, what in REAL_START.items():
+        m = summary(f"smollm2-start/{task}/report.json")["metrics"]
+        body.append([f"`{task}` ({what})", f"{int(m['n_problems'])} x {int(m['n_samples'] / m['n_problems'])}",
+                     f"{m['pass@1']:.3f}", f"{m['auroc']:.3f}", f"{m['auroc_question']:.3f}", f"{m['ece']:.3f}",
+                     f"{m['e_aurc']:.3f}", f"{m['finished_frac']:.3f}", f"{m['mean_tokens']:.1f}"])
+    return table(["task", "problems x samples", "accuracy", "pooled AUROC", "per-question AUROC", "ECE", "E-AURC",
+                  "finished", "mean tokens"], body)
+
+
 TESTBED_RENDER = {"demo-budget": render_demo_budget, "guess-redraw-study": render_redraw_study,
                   "guess-redraw-pilot": lambda: render_pilot(600, RESULTS / "guess-redraw-pilot"), "guess-half-mask-study": render_mask_study, "guess-half-mask-words": render_mask_study_words, "guess-half-words": render_testbed_words, "guess-half-robustness": render_testbed_robustness}
 
@@ -403,7 +418,7 @@ RENDER = {"arithmetic-200-steps": render_main, "grader-noise-1-seed": render_noi
           "arithmetic-powered-exploratory": render_exploratory, "arithmetic-powered-collapse": render_collapse,
           "calibrated-confidence": render_confidence, "guess-pilot-300-steps": lambda: render_pilot(300),
           "guess-pilot-600-steps": lambda: render_pilot(600), "guess-pilot-1000-steps": lambda: render_pilot(1000),
-          "guess-half-comparison": render_testbed_compare, **TESTBED_RENDER}
+          "guess-half-comparison": render_testbed_compare, "smollm2-start": render_real_start, **TESTBED_RENDER}
 
 
 def render(text: str) -> str:

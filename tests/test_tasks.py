@@ -47,7 +47,8 @@ def test_the_registry_serves_each_task_with_its_splits():
         assert data.embedded_task(name) == name and data.dataset_kind(name) == "registry"
         test = data.load_benchmark(name, split="test", limit=12)
         rows = get_task(name).dataset("test", 12)
-        assert list(test["prompt"]) == list(rows["prompt"])  # raw template: the bare problem
+        make_prompt = data.prompt_template(get_task(name).template)  # raw: the bare problem; the chat tasks' chat
+        assert list(test["prompt"]) == [make_prompt(p) for p in rows["prompt"]]
         assert list(test["answer"]) == list(rows["answer"])
     assert data.embedded_task("math500") is None
 
