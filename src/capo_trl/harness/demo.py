@@ -63,6 +63,8 @@ def evidence(budget: Budget) -> str:
     task = budget.task
     if task in EVIDENCE:
         return EVIDENCE[task]
+    if task not in STUDY_RESULTS:
+        return f"\nNo committed study compared GRPO and CAPO on {task} (docs/results/): this one run is not evidence.\n"
     text = "\nWhat the evidence on this task says (tiny models on CPU; docs/results/):\n" + study_words(task)
     piloted = DEMO_BUDGETS.get(task)
     lr = _rate(budget.learning_rate)
@@ -160,12 +162,18 @@ def _arm_bars(labels: list[str], steps: int, progress_dir: str, enabled: bool, e
         while not stop.wait(every):
             refresh()
 
+    import transformers
+
+    loading_bars = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()  # the start model's "Loading weights" would cut through them
     watcher = threading.Thread(target=redraw, daemon=True)
     watcher.start()
     try:
         with contextlib.redirect_stdout(_AboveTheBars(sys.stdout)):
             yield
     finally:
+        if loading_bars:
+            transformers.utils.logging.enable_progress_bar()
         stop.set()
         watcher.join(timeout=5)
         refresh()  # the last steps, had the arms finished between two reads
@@ -222,7 +230,7 @@ def demo(budget: Budget | None = None, methods: str = DEMO_METHODS, plot: str | 
             before = headline(runs.evaluate_start(start_budget).metrics, budget.test_samples)
             records = list(arms.result().values())
     print(f"\n{', '.join(r['method'] for r in records)} side by side on the embedded task {budget.task}: "
-          f"{budget.steps} RL steps each at learning rate {budget.learning_rate:g}, seed {seed}; test split "
+          f"{budget.steps} RL steps each at learning rate {_rate(budget.learning_rate)}, seed {seed}; test split "
           f"{budget.test_problems} problems x {budget.test_samples} samples")
     print(_table(before, records))
     print()
