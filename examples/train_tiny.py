@@ -42,7 +42,7 @@ def main():
         config = CAPOConfig(
             output_dir=os.path.join(tmp, "out"), per_device_train_batch_size=8, num_generations=4,
             max_completion_length=8, max_steps=args.steps, learning_rate=1e-3, logging_steps=1,
-            bf16=False, use_cpu=True, gradient_checkpointing=False, report_to="none", save_strategy="no",
+            bf16=False, use_cpu=True, activation_checkpointing=False, report_to="none", save_strategy="no",
             # a random model's reference perplexity is ~40: the paper's thresholds (2.5 / 1.05) would drop
             # every correct answer, so they are opened up here (the trainer warns when that happens).
             ref_high=1e6, ref_low=1.0,

@@ -1,5 +1,6 @@
 """Render every number block of the results pages (README.md, docs/concepts.md, docs/results/**/README.md)
-from the committed result files.
+from the committed result files, and the recommended configuration (README.md, docs/config.md, docs/faq.md,
+docs/concepts.md) from ``capo_trl.training.defaults``.
 
     python scripts/results_tables.py            rewrite the blocks in place
     python scripts/results_tables.py --check    exit 1 (and print the differences) if any is stale
@@ -26,7 +27,8 @@ from capo_trl.harness.paired import holm, paired_test, t_power
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
-PAGES = (ROOT / "README.md", ROOT / "docs" / "concepts.md", RESULTS / "README.md", *sorted(RESULTS.glob("*/README.md")))
+PAGES = (ROOT / "README.md", ROOT / "docs" / "concepts.md", ROOT / "docs" / "config.md", ROOT / "docs" / "faq.md",
+         RESULTS / "README.md", *sorted(RESULTS.glob("*/README.md")))
 BLOCK = re.compile(r"(<!-- (?P<kind>table|text): (?P<name>[\w-]+) \(rendered by scripts/results_tables\.py\) -->\n)"
                    r"(?P<body>.*?)(<!-- end (?P=kind) -->)", re.S)
 ENDPOINTS = ("accuracy", "auroc", "auroc_question", "ece")  # the column order of the method tables
@@ -306,32 +308,20 @@ def render_mask_study() -> str:
     return confirmatory.render(mask_study_analysis(), confirmatory.MASK_STUDY)
 
 
-def render_mask_study_words() -> str:
-    """The confirmatory study's result in one paragraph, for README.md, docs/concepts.md and the results index."""
-    a = mask_study_analysis()
-    look, p, means = a["look"], a["primary"], a["means"]
-    if look is None or not look["stop"]:
-        return "The confirmatory study on `guess-half` has not reached a look that ends it.\n"
-    by = {c["arm"]: c for c in a["secondary"] if c["endpoint"] == "auroc"}
-    acc = a["safety"]["accuracy"]["capo-nomask"]
+def study_words(task: str) -> str:
+    """A test bed's result in words with every pre-registered endpoint (capo_trl.harness.evidence, the rendering
+    `capo-trl demo` prints), measured from the study's committed files: for README.md, docs/concepts.md, the results
+    index and the study's page."""
+    from capo_trl.harness import evidence
 
-    def holm(arm):
-        c = by[arm]
-        return f"{_iv(c)} (Holm p = {c['holm_p']:.4f}{'' if c['rejected'] else ', no difference shown'})"
-    stopped = "stopped for efficacy at its interim look" if look["reason"] == "efficacy" else "at its final look"
-    return textwrap.fill(
-        f"On `guess-half` (half the items can only be guessed) GRPO loses calibration and CAPO without the noise "
-        f"mask keeps it. In a pre-registered study, {stopped} on {len(look['seeds'])} seeds of 600 steps, GRPO's "
-        f"pooled AUROC fell from {a['start']['auroc']:.3f} to {means['grpo']['auroc']:.3f} on average and CAPO "
-        f"without the mask ended at {means['capo-nomask']['auroc']:.3f}: {_iv(p)} against GRPO "
-        f"({100 * p['confidence']:.1f}% t interval; paired t p = {p['p']:.4f}, exact sign-flip p = "
-        f"{p['flip_p']:.4f}; {p['favour']} of {p['n']} seeds favoured it), at an accuracy cost of {_iv(acc)} (95%), "
-        f"with {len(a['collapse']['capo-nomask'])} of {p['n']} runs collapsed. The noise mask undid it (against CAPO "
-        f"without the mask, 95% t intervals): the two-sided mask {holm('capo-fixed')}, its correct-answer side "
-        f"alone (dropping suspected lucky guesses) {holm('capo-mask-correct')}, its wrong-answer side alone "
-        f"{holm('capo-mask-wrong')}, and the two-sided mask with the loss normaliser kept at the unmasked count "
-        f"{holm('capo-fixed-unmasked')}, so the mask's larger step is not the whole of it.",
-        width=110, break_on_hyphens=False, break_long_words=False) + "\n"
+    return evidence.study_words(task, evidence.measure(RESULTS / evidence.STUDY_OF_TASK[task], task))
+
+
+def render_headline() -> str:
+    """The README's one sentence of result (capo_trl.harness.evidence.headline), from the committed files."""
+    from capo_trl.harness import evidence
+
+    return evidence.headline(evidence.measure(RESULTS / "guess-half-mask-study", "guess-half"))
 
 
 # The exploratory pilot's compare runs per budget, in the order they ran (protocol.md and its amendments).
@@ -408,8 +398,30 @@ def render_real_start() -> str:
                   "finished", "mean tokens"], body)
 
 
+def render_recommended() -> str:
+    """The one recommended configuration for a real model, with its evidence and limits per setting
+    (capo_trl.training.defaults.RECOMMENDED and RECOMMENDATION): the same block on every page that recommends."""
+    from capo_trl.training.defaults import RECOMMENDATION, RECOMMENDED
+
+    def kw(*names):
+        return ", ".join(f"`{name}={RECOMMENDED[name]!r}`".replace("'", '"') for name in names)
+    groups = {"tau": kw("tau") + " (0.5 for a 7B model)", "tau_mode": kw("tau_mode"),
+              "advantage_scale": kw("advantage_scale"),
+              "noise_mask": kw("noise_mask", "noise_mask_guard", "ref_thresholds", "ref_high", "ref_low")}
+    lines = ["**Recommended for a real model** (one configuration, `capo_trl.training.defaults.RECOMMENDED`: "
+             "`CAPOConfig`'s defaults, the `capo-recommended` preset, the `capo-qwen2.5-math-*` recipes). The "
+             "evidence is the paper's runs on its models and ours on tiny models on CPU only; none of it is ours on "
+             "a real model.", ""]
+    for name, (why, limits) in RECOMMENDATION.items():
+        lines.append(f"- {groups[name]}. Evidence: {why}. Limits: {limits}.")
+    return "\n".join(textwrap.fill(line, width=110, subsequent_indent="  " if line.startswith("- ") else "",
+                                    break_on_hyphens=False, break_long_words=False) for line in lines) + "\n"
+
+
 TESTBED_RENDER = {"demo-budget": render_demo_budget, "guess-redraw-study": render_redraw_study,
-                  "guess-redraw-pilot": lambda: render_pilot(600, RESULTS / "guess-redraw-pilot"), "guess-half-mask-study": render_mask_study, "guess-half-mask-words": render_mask_study_words, "guess-half-words": render_testbed_words, "guess-half-robustness": render_testbed_robustness}
+                  "guess-redraw-pilot": lambda: render_pilot(600, RESULTS / "guess-redraw-pilot"), "guess-half-mask-study": render_mask_study, "guess-half-mask-words": lambda: study_words("guess-half"),
+                  "guess-redraw-words": lambda: study_words("guess-redraw"), "headline": render_headline,
+                  "recommended": render_recommended, "guess-half-words": render_testbed_words, "guess-half-robustness": render_testbed_robustness}
 
 
 RENDER = {"arithmetic-200-steps": render_main, "grader-noise-1-seed": render_noise,

@@ -128,3 +128,82 @@ def test_calibrate_mask_writes_the_recommendation_with_the_measured_values(monke
     written = yaml.safe_load(fresh.read_text())
     assert resolved(tmp_path, **written) == {**RECOMMENDED, "tau": 0.21, "ref_high": 1.7, "ref_low": 1.02}
     assert "advantage_estimator" not in written and "noise_mask" not in written  # the recipe's own choice
+
+
+# ------------------------------------------------------------------------------------ one recommendation per setting
+# The pages that recommend settings render one block from capo_trl.training.defaults (RECOMMENDED, RECOMMENDATION);
+# a sentence elsewhere that recommends a value of one of these fields must name the same value.
+RECOMMENDING_PAGES = ["README.md", "docs/config.md", "docs/faq.md", "docs/concepts.md"]
+CHOSEN = ("noise_mask", "tau_mode", "tau", "advantage_scale")
+ASSIGNMENT = re.compile(r"\b(noise_mask|tau_mode|tau|advantage_scale)\b`?\s*(?:=|:)\s*`?\"?([\w.+-]+)")
+
+
+def _value(text: str):
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def recommendations(text: str) -> list[tuple[str, object, str]]:
+    """(field, value, sentence) for each value of a chosen field that a sentence containing "recommend" names."""
+    found, prose = [], []
+    for line in text.splitlines():  # a table's cells are read one by one, the rest sentence by sentence
+        prose += [line] if not line.startswith("|") else [f"\n{cell}\n" for cell in line.split(" | ")]
+    for sentence in re.split(r"(?<=[.!?])\s+|\n\s*\n", "\n".join(prose)):
+        if "recommend" not in sentence.lower():
+            continue
+        found += [(field, _value(value), " ".join(sentence.split())) for field, value in ASSIGNMENT.findall(sentence)]
+    return found
+
+
+def disagreements(text: str, expected: dict) -> list[str]:
+    return [f"{field}={value!r} in: {sentence[:200]}" for field, value, sentence in recommendations(text)
+            if value != expected[field]]
+
+
+def _block(text: str, name: str = "recommended") -> str | None:
+    m = re.search(rf"<!-- text: {name} \(rendered by scripts/results_tables\.py\) -->\n(.*?)<!-- end text -->", text,
+                  re.S)
+    return m[1] if m else None
+
+
+def test_the_checker_catches_a_page_that_recommends_another_value():
+    assert disagreements('We recommend `tau_mode="relative"` for any model.', RECOMMENDED) == [
+        "tau_mode='relative' in: We recommend `tau_mode=\"relative\"` for any model."]
+    assert disagreements("The recommended mask: noise_mask: false.", RECOMMENDED)
+    assert disagreements("We recommend tau=0.3.", RECOMMENDED)
+    assert not disagreements('We recommend `tau=0.6`, `noise_mask=True`. Ablations use `tau_mode="relative"`.',
+                             RECOMMENDED)
+
+
+@pytest.mark.parametrize("page", RECOMMENDING_PAGES)
+def test_every_page_renders_the_one_recommendation_and_recommends_nothing_else(page):
+    from test_docs import script
+
+    text = (ROOT / page).read_text()
+    block = _block(text)
+    assert block is not None, f"{page}: no `recommended` block (scripts/results_tables.py renders it)"
+    assert block == script("results_tables").render_recommended(), f"{page}: stale; run python scripts/results_tables.py"
+    for field in CHOSEN:  # the block names every chosen field's value
+        assert f"`{field}=" in block, field
+    assert not disagreements(text, RECOMMENDED), disagreements(text, RECOMMENDED)
+
+
+def test_the_config_reference_sends_each_chosen_field_to_the_recommendation():
+    """docs/config.md's "when to change it" column: each chosen field's advice points at the one recommendation."""
+    text = (ROOT / "docs" / "config.md").read_text()
+    for field in CHOSEN:
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{field}` |"))
+        cell = row.split(" | ")[3]
+        assert "recommend" in cell or "below" in cell, (field, cell)
+
+
+@pytest.mark.parametrize("recipe", sorted((ROOT / "examples" / "recipes").glob("*.yaml")), ids=lambda p: p.stem)
+def test_no_recipe_comment_recommends_another_value(recipe):
+    comments = "\n".join(line.split("#", 1)[1] for line in recipe.read_text().splitlines() if "#" in line)
+    expected = {**RECOMMENDED, "tau": 0.5} if "7b" in recipe.stem else RECOMMENDED
+    assert not disagreements(comments, expected)

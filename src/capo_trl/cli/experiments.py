@@ -14,12 +14,14 @@ from .common import TEMPLATES, TEMPLATE_HELP, add_data_args, at_least, check_dev
 
 
 # ------------------------------------------------------------------------------------ demo / compare
-def _add_budget_args(p, steps: int | None, test_problems: int, steps_help: str | None = None) -> None:
+def _add_budget_args(p, steps: int | None, test_problems: int, steps_help: str | None = None,
+                     task: str | None = None) -> None:
     from ..data.tasks import DEFAULT_TASK, TASKS
 
-    p.add_argument("--task", default=DEFAULT_TASK, metavar="TASK",
+    task = task or DEFAULT_TASK
+    p.add_argument("--task", default=task, metavar="TASK",
                    help=f"embedded task: {'; '.join(f'{t.name}: {t.summary}' for t in TASKS.values())} "
-                        f"(default {DEFAULT_TASK})")
+                        f"(default {task})")
     p.add_argument("--model", default=None,
                    help="model directory or fetched short name (capo-trl fetch-model; default: the task's start model)")
     p.add_argument("--steps", type=int, default=steps, help=f"RL steps per run (default {steps_help or steps})")
@@ -40,12 +42,14 @@ def _budget(args, **extra):
 def add_demo_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "demo", help="train GRPO and CAPO side by side on an embedded task; calibration before/after (CPU, minutes)",
-        description="Trains GRPO and the `capo` preset side by side (one process each) on an embedded task with its "
-                    "tiny start model, then prints accuracy, pooled and per-question AUROC and ECE on the test split "
-                    "before and after, and the validation AUROC over steps. --task guess-half shows a task where "
-                    "GRPO loses calibration.",
+        description="Trains GRPO and the `capo` preset side by side (one process each, a progress bar each) on an "
+                    "embedded task with its tiny start model, by default guess-half, where GRPO loses calibration; "
+                    "then prints accuracy, pooled and per-question AUROC and ECE on the test split before and after, "
+                    "the validation AUROC over steps, and what the committed studies found on that task.",
     )
-    _add_budget_args(p, steps=None, test_problems=256, steps_help="the task's demo budget: 300 on guess-half, else 200")
+    _add_budget_args(p, steps=None, test_problems=256, steps_help="the task's demo budget: 300 on guess-half, else 200",
+                     task="guess-half")
+    p.add_argument("--seed", type=int, default=0, help="seed of both arms (training data order, sampling; default 0)")
     p.add_argument("--methods", default="grpo,capo",
                    help="the arms, comma-separated presets, optionally amended, e.g. grpo,capo:tau=0.3 "
                         "(see `capo-trl compare --help`; default grpo,capo)")
@@ -69,6 +73,10 @@ def run_demo(args) -> int:
         from ..errors import UsageError
 
         raise UsageError(f"--plot {args.plot}: give a file name ending in .png.")
+    if args.seed < 0:
+        from ..errors import UsageError
+
+        raise UsageError(f"--seed must be an integer >= 0, got {args.seed}.")
     budget = demo_budget(args.task, steps=args.steps, learning_rate=args.learning_rate, model=args.model,
                          val_problems=args.val_problems,
                          test_problems=args.test_problems, test_samples=args.test_samples,
@@ -76,7 +84,7 @@ def run_demo(args) -> int:
     import torch
 
     torch.set_num_threads(1)  # this process evaluates the start model while the arms train, one thread each
-    demo(budget, methods=args.methods, plot=plot)
+    demo(budget, methods=args.methods, plot=plot, seed=args.seed)
     return 0
 
 
@@ -112,7 +120,7 @@ def add_compare_parser(subparsers) -> None:
     p.add_argument("--val_problems", type=int, default=64, help="validation problems per validation (default 64)")
     p.add_argument("--val_samples", type=int, default=4, help="samples per validation problem (default 4)")
     p.add_argument("--learning_rate", type=float, default=None,
-                   help="learning rate of every run (default: the training budget's, capo_trl.defaults)")
+                   help="learning rate of every run (default: the training budget's, capo_trl.training.defaults)")
     _add_budget_args(p, steps=200, test_problems=256)
     p.set_defaults(func=run_compare)
 

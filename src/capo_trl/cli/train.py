@@ -9,8 +9,8 @@ unchanged on any number of processes::
     accelerate launch --config_file examples/accelerate/zero2.yaml -m capo_trl.cli train --config RECIPE.yaml
 
 Without a model it trains the embedded default (the tiny arithmetic model on the arithmetic task,
-graded by ``math_accuracy``) with settings that fit a CPU: what ``capo-trl demo`` trains, and says so
-on stderr; the embedded model with any other dataset is refused.
+graded by ``math_accuracy``) with settings that fit a CPU: the `capo` preset ``capo-trl demo`` trains, and says
+so on stderr; the embedded model with any other dataset is refused.
 
 A recipe written for ``trl grpo`` runs too: TRL's dataset format (a ``prompt`` column, every other
 column passed to the reward functions), ``trl.rewards``' function names, ``reward_model_name_or_path``;
@@ -22,6 +22,7 @@ is :mod:`capo_trl.cli.train_args` (its public names are importable from here too
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -38,9 +39,27 @@ from .train_args import (  # noqa: F401
 
 
 # ------------------------------------------------------------------------------------------ data
+def train_spelling(message: str) -> str:
+    """A data error in ``capo-trl train``'s words: its flags, not ``load_benchmark``'s keywords or ``eval``'s
+    ``--benchmark``."""
+    message = re.sub(r"Pass columns=\{'(\w+)': '<your column>'\} to name the column that holds it\.",
+                     r"Name the column that holds it with --dataset_columns \1=NAME (in a recipe: dataset_columns: "
+                     r"{\1: NAME}).", message)
+    message = re.sub(r"load_benchmark\('([^']+)'\) \(CLI: --benchmark [^)]+\)", r"--dataset_name \1", message)
+    return message.replace("add columns={'problem': ..., 'answer': ..., 'id': ...}",
+                           "add --dataset_columns problem=NAME answer=NAME id=NAME")
+
+
 def load_problems(script_args: ScriptArguments, split: str | None, limit: int | None):
     """The dataset as ``prompt``/``answer``/``id`` rows (:func:`capo_trl.data.benchmarks.normalise`): registry name,
-    local file or hub id."""
+    local file or hub id; an error names ``train``'s flags."""
+    try:
+        return _load_problems(script_args, split, limit)
+    except data.BenchmarkError as err:
+        raise data.BenchmarkError(train_spelling(str(err))) from err
+
+
+def _load_problems(script_args: ScriptArguments, split: str | None, limit: int | None):
     name = script_args.dataset_name or "arithmetic"
     kind = data.dataset_kind(name)
     if kind != "hub" and script_args.dataset_config is not None:
@@ -68,8 +87,7 @@ def load_problems(script_args: ScriptArguments, split: str | None, limit: int | 
     if "answer" not in ds.column_names and not (script_args.columns() or {}).get("answer"):
         mapping["answer"] = None  # no gold: fine for reward functions that need none (check_reward_columns)
     return data.normalise(ds, mapping, script_args.prompt_template or data.DEFAULT_TEMPLATE, name=name,
-                          source=source, limit=limit, keep_columns=True,
-                          hint=" In a recipe or on the command line: dataset_columns ROLE=NAME, e.g. problem=question.")
+                          source=source, limit=limit, keep_columns=True)
 
 
 def drop_long_prompts(ds, tokenizer, max_tokens: int):
@@ -171,8 +189,73 @@ def _plot_calibration(trainer, output_dir: str) -> None:
             trainer.accelerator.print(f"capo-trl train: calibration curves (AUROC, accuracy per step) written to {path}")
 
 
+SUMMARY_FILE = "calibration_summary.json"
+
+
+def calibration_summary(trainer) -> dict | None:
+    """Calibration at the start and at the end of the run, from what it evaluated: the ``calibration_dataset``
+    monitor (accuracy, pooled and per-question AUROC, ECE), else TRL's evaluation on ``eval_dataset`` (its rollouts'
+    pooled AUROC and mean reward); None when the run evaluated nothing, or only once."""
+    from ..evaluation.callbacks import CalibrationCallback
+
+    monitor = next((c for c in trainer.callback_handler.callbacks if isinstance(c, CalibrationCallback)), None)
+    if monitor is not None and len(monitor.history) >= 2:
+        p, n = monitor.prefix, monitor.n
+        keys = {"accuracy": f"{p}mean@{n}", "auroc": f"{p}auroc", "auroc_question": f"{p}auroc_question",
+                "ece": f"{p}ece"}
+        source = f"calibration_dataset, {len(monitor.eval_dataset)} problems x {n} samples"
+        points = monitor.history
+    else:
+        points = [h for h in trainer.state.log_history if "eval_capo/auroc" in h]
+        keys = {"auroc": "eval_capo/auroc", "mean reward": "eval_reward"}
+        source = "eval_dataset rollouts"
+        if len(points) < 2:
+            return None
+
+    def at(point):
+        return {"step": point["step"], **{name: point.get(key) for name, key in keys.items()}}
+    return {"source": source, "start": at(points[0]), "end": at(points[-1])}
+
+
+def report_calibration(trainer, output_dir: str) -> dict | None:
+    """Print the calibration summary (or how to get one) and write it to output_dir as JSON."""
+    import json
+
+    summary = calibration_summary(trainer)
+    if not trainer.accelerator.is_main_process:
+        return summary
+    if summary is None:
+        print("capo-trl train: no calibration measured during the run (give --calibration_dataset validation, or a "
+              "file, to measure accuracy, AUROC and ECE at the start and the end).")
+        return None
+    start, end = summary["start"], summary["end"]
+    lines = [f"capo-trl train: calibration ({summary['source']}), step {start['step']} -> step {end['step']}:"]
+    for name in start:
+        if name != "step":
+            a, b = (f"{v:.3f}" if isinstance(v, float) and v == v else "n/a" for v in (start[name], end[name]))
+            lines.append(f"  {name:<15} {a} -> {b}")
+    path = Path(output_dir) / SUMMARY_FILE
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    print("\n".join(lines) + f"\n  written to {path}")
+    return summary
+
+
+def quiet_known_noise() -> None:
+    """Silence what every run printed and no user can act on: transformers 5's FutureWarnings for the old
+    checkpointing *method* names TRL 1.16 calls (the old *config* name, when a recipe uses it, still warns), and
+    DeepSpeed's "Setting accelerator to CPU" on a machine without one."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning,
+                            message=r"`(is_gradient_checkpointing|gradient_checkpointing_enable|"
+                                    r"gradient_checkpointing_disable)` is deprecated")
+    logging.getLogger("DeepSpeed").addFilter(lambda record: "Setting accelerator to CPU" not in record.getMessage())
+
+
 def run(script_args: ScriptArguments, training_args: CAPOConfig, model_args):
     """Train, then save the final model (the adapter only, under PEFT) to output_dir; returns the trainer."""
+    quiet_known_noise()
     preflight(script_args, training_args, model_args)
     resume = _resume_target(training_args.resume_from_checkpoint)
     if script_args.overwrite_output_dir and resume is None:
@@ -186,6 +269,7 @@ def run(script_args: ScriptArguments, training_args: CAPOConfig, model_args):
                          "or lower per_device_train_batch_size.")
     trainer.save_model(training_args.output_dir)
     _plot_calibration(trainer, training_args.output_dir)
+    report_calibration(trainer, training_args.output_dir)
     n = trainer.accelerator.num_processes
     trainer.accelerator.print(f"capo-trl train: {trainer.state.global_step} steps on {n} process{'es' * (n > 1)}, "
                               f"model saved to {training_args.output_dir}")

@@ -153,7 +153,7 @@ def embedded_defaults() -> dict:
     They are parser defaults, so a recipe or a flag still overrides each of them.
     """
     return dict(**training_config(TrainingBudget()), **EMBEDDED_METHOD, activation_checkpointing=False,
-                logging_steps=5, output_dir="runs/capo-arith-tiny")
+                logging_steps=5, save_strategy="no", output_dir="runs/capo-arith-tiny")
 
 
 def _has_accelerator() -> bool:
@@ -195,6 +195,9 @@ def parse_args(argv: list[str] | None = None):
         if given("gradient_checkpointing"):  # the old name, asked for: the new one's default must not override it
             defaults.pop("activation_checkpointing")
         defaults["dataset_limit"] = TrainingBudget().train_problems  # the problems `capo-trl demo` trains on
+    old_name = given("gradient_checkpointing") or given("no_gradient_checkpointing")
+    if not helping and not old_name:  # TRL's default (on) under transformers 5's name: the old name's default warns
+        defaults.setdefault("activation_checkpointing", True)
     parser.set_defaults(**defaults)
     script_args, training_args, model_args = parser.parse_args_and_config(argv)
     check_args(script_args, training_args, model_args)

@@ -28,3 +28,12 @@ def settings_section(args, method_args) -> str:
         fields["method_kwargs"] = args.method_kwargs
     rows = "\n".join(f"| `{k}` | `{v!r}` |" for k, v in fields.items())
     return f"\n## CAPO settings\n\nTrained with capo-trl's `CAPOTrainer`:\n\n| field | value |\n|---|---|\n{rows}\n"
+
+
+def name_local_models(card: str, base: str | None, output_dir: str) -> str:
+    """TRL's card names a model loaded from a local folder ``None`` ("a fine-tuned version of [None](...)",
+    ``pipeline(model="None")``): name the folders instead."""
+    if base:
+        card = card.replace("a fine-tuned version of [None](https://huggingface.co/None)",
+                            f"a fine-tuned version of the local model `{base}`")
+    return card.replace('pipeline("text-generation", model="None",', f'pipeline("text-generation", model={output_dir!r},')

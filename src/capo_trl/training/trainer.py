@@ -38,7 +38,7 @@ from .losses import MethodLosses
 from .mask import NoiseMask
 from ..methods import AdvantageInputs, Rollout, resolve_method
 from ..methods.base import verbalized_inputs
-from .model_card import CAPO_PAPER, settings_section
+from .model_card import CAPO_PAPER, name_local_models, settings_section
 from .monitor import rollout_metrics
 from ..evaluation.prefill import shared_prefill
 from ..evaluation.recorder import RolloutLogprobRecorder, distribution_changes
@@ -166,8 +166,12 @@ class CAPOTrainer(CheckpointedState, MethodLosses, ReferenceScoring, GRPOTrainer
         """TRL's card (CAPO named and cited through ``_paper``), plus the method and mask settings used."""
         super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
         if self.is_world_process_zero():
-            with open(os.path.join(self.args.output_dir, "README.md"), "a") as f:
-                f.write(settings_section(self.args, self.method.args))
+            card = os.path.join(self.args.output_dir, "README.md")
+            base = getattr(self.model.config, "_name_or_path", None)
+            with open(card) as f:
+                text = name_local_models(f.read(), base, self.hub_model_id or self.args.output_dir)
+            with open(card, "w") as f:
+                f.write(text + settings_section(self.args, self.method.args))
 
     # ----------------------------------------------------------------------------------- hooks
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):

@@ -1,0 +1,161 @@
+"""What the committed confirmatory studies found, in words: the one rendering that the README, docs/concepts.md,
+the results index and ``capo-trl demo`` print.
+
+The demo runs from an installed package, without docs/results/, so each study's numbers are kept here
+(:data:`STUDY_RESULTS`), rounded as they are printed; :func:`measure` computes the same dict from a study's
+committed run files with the protocol's analysis (:mod:`capo_trl.harness.confirmatory`), ``tests/test_tasks.py``
+checks the two are equal, and ``scripts/results_tables.py`` renders the pages' blocks from :func:`measure`.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+# Every endpoint the protocols fix (primary, safety, descriptive), as the tables name them; E-AURC and ECE: lower
+# is better. Each contrast is CAPO without the mask minus GRPO, paired by seed, 95% t interval.
+ENDPOINTS = {"auroc": "pooled AUROC", "auroc_question": "per-question AUROC", "e_aurc": "E-AURC (lower is better)",
+             "ece": "ECE (lower is better)", "accuracy": "accuracy"}
+# The test bed's secondary contrasts (pooled AUROC against CAPO without the mask), by short name.
+MASK_ARMS = {"both": "capo-fixed", "correct": "capo-mask-correct", "wrong": "capo-mask-wrong",
+             "unmasked": "capo-fixed-unmasked"}
+
+# What each study found, rounded as printed: tests/test_tasks.py checks every number against measure() of the
+# committed files. Per endpoint: (mean, low, high, seeds where CAPO was lower); "primary": at the look's level.
+STUDY_RESULTS = {
+    "guess-half": {
+        "folder": "guess-half-mask-study", "seeds": 12, "level": 0.995, "start": 0.884, "grpo": 0.764,
+        "nomask": 0.878, "primary": (0.114, 0.019, 0.209), "p": 0.0015, "flip_p": 0.0005, "favour": 12,
+        "collapsed": 0, "stopped": "stopped for efficacy at its interim look",
+        "endpoints": {"auroc": (0.114, 0.054, 0.174, 0), "auroc_question": (-0.016, -0.057, 0.025, 5),
+                      "e_aurc": (-0.1, -0.156, -0.045, 12), "ece": (-0.009, -0.021, 0.003, 9),
+                      "accuracy": (-0.024, -0.036, -0.013, 12)},
+        "mask": {"both": (-0.116, -0.188, -0.043, 0.0147), "correct": (-0.191, -0.27, -0.112, 0.001),
+                 "wrong": (-0.024, -0.07, 0.022, 0.2791), "unmasked": (-0.09, -0.156, -0.025, 0.0225)},
+    },
+    "guess-redraw": {
+        "folder": "guess-redraw-study", "seeds": 12, "level": 0.95, "start": 0.884, "grpo": 0.768, "nomask": 0.901,
+        "primary": (0.132, 0.086, 0.178), "p": 0.0001, "flip_p": 0.0005, "favour": 12, "collapsed": 0,
+        "stopped": "at its final look",
+        "endpoints": {"auroc": (0.132, 0.086, 0.178, 0), "auroc_question": (-0.051, -0.082, -0.02, 10),
+                      "e_aurc": (-0.103, -0.142, -0.064, 12), "ece": (-0.018, -0.03, -0.007, 10),
+                      "accuracy": (-0.023, -0.036, -0.01, 10)},
+    },
+}
+STUDY_OF_TASK = {"guess-half": "guess-half-mask-study", "guess-redraw": "guess-redraw-study"}
+
+
+def measure(folder: Path, task: str) -> dict:
+    """:data:`STUDY_RESULTS`'s entry for ``task``, computed from the study's committed files in ``folder``."""
+    import numpy as np
+
+    from .confirmatory import PLANS, analyse, load
+    from .paired import paired_test
+
+    plan = PLANS[folder.name]
+    a = analyse(folder, plan)
+    if a["look"] is None or not a["look"]["stop"]:
+        raise ValueError(f"{folder}: the study has not reached a look that ends it; nothing to report yet.")
+    _, runs = load(folder, plan)
+    seeds, p = a["look"]["seeds"], a["primary"]
+
+    def r3(*values):
+        return tuple(round(v, 3) for v in values)
+
+    endpoints = {}
+    for key in ENDPOINTS:
+        d = np.subtract([runs["capo-nomask"][s][key] for s in seeds], [runs["grpo"][s][key] for s in seeds])
+        c = paired_test(d, 0.95, flip=False)
+        endpoints[key] = (*r3(c["mean"], c["low"], c["high"]), int((d < 0).sum()))
+    found = {"folder": folder.name, "seeds": len(seeds), "level": round(p["confidence"], 3),
+             "start": round(a["start"]["auroc"], 3), "grpo": round(a["means"]["grpo"]["auroc"], 3),
+             "nomask": round(a["means"]["capo-nomask"]["auroc"], 3), "primary": r3(p["mean"], p["low"], p["high"]),
+             "p": round(p["p"], 4), "flip_p": round(p["flip_p"], 4), "favour": p["favour"],
+             "collapsed": len(a["collapse"]["capo-nomask"]),
+             "stopped": ("stopped for efficacy at its interim look" if a["look"]["reason"] == "efficacy"
+                         else "at its final look"),
+             "endpoints": endpoints}
+    by_arm = {c["arm"]: c for c in a["secondary"] if c["endpoint"] == "auroc"}
+    if by_arm:
+        found["mask"] = {name: (*r3(by_arm[arm]["mean"], by_arm[arm]["low"], by_arm[arm]["high"]),
+                                round(by_arm[arm]["holm_p"], 4)) for name, arm in MASK_ARMS.items()}
+    return found
+
+
+def _iv(t: tuple) -> str:
+    return f"{t[0]:+.3f} [{t[1]:+.3f}, {t[2]:+.3f}]"
+
+
+def _fill(text: str) -> str:
+    return textwrap.fill(text, width=110, break_on_hyphens=False, break_long_words=False) + "\n"
+
+
+def endpoint_table(r: dict) -> str:
+    """Every pre-registered endpoint of a study, CAPO without the mask minus GRPO (markdown; reads as text too)."""
+    lines = [f"| endpoint ({r['seeds']} seeds) | CAPO without the mask minus GRPO, mean [95% t interval] "
+             "| seeds where CAPO was lower |", "|---|---|---|"]
+    lines += [f"| {name} | {_iv(r['endpoints'][key])} | {r['endpoints'][key][3]} of {r['seeds']} |"
+              for key, name in ENDPOINTS.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _two_aurocs(r: dict) -> str:
+    q = r["endpoints"]["auroc_question"]
+    shown = ("lower than GRPO's" if q[2] < 0 else "higher than GRPO's" if q[1] > 0 else "not shown to differ from "
+             "GRPO's")
+    return _fill(
+        "The two AUROCs answer different questions: pooled AUROC ranks answers across questions (which answers to "
+        "abstain on), per-question AUROC ranks the samples of one question (which to pick, as best-of-n and "
+        f"perplexity-weighted voting do). CAPO without the mask kept the first; the second was {shown} "
+        f"({_iv(q)}).")
+
+
+def study_words(task: str, r: dict | None = None) -> str:
+    """A study's result in words and its endpoint table: the block its pages render and the demo prints."""
+    r = r or STUDY_RESULTS[task]
+    level = f"{100 * r['level']:g}%"
+    if task == "guess-half":
+        m = r["mask"]
+
+        def holm(name):
+            t = m[name]
+            return f"{_iv(t)} (Holm p = {t[3]:.4f}{', no difference shown' if t[3] >= 0.05 else ''})"
+        head = _fill(
+            f"On `guess-half` (half the items can only be guessed) GRPO loses calibration and CAPO without the "
+            f"noise mask keeps it. In a pre-registered study, {r['stopped']} on {r['seeds']} seeds of 600 steps, "
+            f"GRPO's pooled AUROC fell from {r['start']:.3f} to {r['grpo']:.3f} on average and CAPO without the "
+            f"mask ended at {r['nomask']:.3f}: {_iv(r['primary'])} against GRPO ({level} t interval, the primary "
+            f"endpoint; paired t p = {r['p']:.4f}, exact sign-flip p = {r['flip_p']:.4f}; {r['favour']} of "
+            f"{r['seeds']} seeds favoured it), with {r['collapsed']} of {r['seeds']} runs collapsed. The noise mask "
+            f"undid it (against CAPO without the mask, 95% t intervals): the two-sided mask {holm('both')}, its "
+            f"correct-answer side alone (dropping suspected lucky guesses) {holm('correct')}, its wrong-answer "
+            f"side alone {holm('wrong')}, and the two-sided mask with the loss normaliser kept at the unmasked "
+            f"count {holm('unmasked')}, so the mask's larger step is not the whole of it. Every pre-registered "
+            "endpoint, against GRPO:")
+    else:
+        head = _fill(
+            f"On `guess-redraw` (guess-half's items, the hidden operand drawn afresh for every training sample, so "
+            f"no answer to a guessable item beats 1 in 5) GRPO loses calibration too and CAPO without the noise "
+            f"mask keeps it. In the pre-registered replication of the primary contrast, {r['stopped']} on "
+            f"{r['seeds']} seeds of 600 steps, GRPO's pooled AUROC fell from {r['start']:.3f} to {r['grpo']:.3f} "
+            f"on average and CAPO without the mask ended at {r['nomask']:.3f}: {_iv(r['primary'])} against GRPO "
+            f"({level} t interval; paired t p = {r['p']:.4f}, exact sign-flip p = {r['flip_p']:.4f}; "
+            f"{r['favour']} of {r['seeds']} seeds favoured it), with {r['collapsed']} of {r['seeds']} runs "
+            "collapsed. The mask was not tested there. Every pre-registered endpoint, against GRPO:")
+    return head + "\n" + endpoint_table(r) + "\n" + _two_aurocs(r)
+
+
+def headline(r: dict | None = None) -> str:
+    """The README's one sentence of result, with its interval and its caveat."""
+    r = r or STUDY_RESULTS["guess-half"]
+    q = r["endpoints"]["auroc_question"]
+    return _fill(
+        f"Measured on tiny models on CPU only: on a task where half the items can only be guessed, GRPO's pooled "
+        f"AUROC (how well the model's confidence ranks its right answers above its wrong ones) fell from "
+        f"{r['start']:.3f} to {r['grpo']:.3f}, and CAPO without the noise mask kept it: {_iv(r['primary'])} against "
+        f"GRPO ({100 * r['level']:g}% interval; pre-registered, {r['seeds']} seeds), at a cost of "
+        f"{-100 * r['endpoints']['accuracy'][0]:.1f} points of accuracy. The caveat: it did not keep per-question "
+        f"AUROC (which of one question's samples to pick) better than GRPO's: {_iv(q)} (95%).")
+
+
+__all__ = ["ENDPOINTS", "STUDY_OF_TASK", "STUDY_RESULTS", "endpoint_table", "headline", "measure", "study_words"]
