@@ -13,7 +13,6 @@ template's default one, and worked examples as earlier turns, each ending in ``T
 
 from __future__ import annotations
 
-import hashlib
 import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -22,6 +21,7 @@ if TYPE_CHECKING:  # imported where used: `capo-trl --help` must not load datase
     from datasets import Dataset
 
 from .arithmetic import SPLITS, ArithmeticTask
+from .guessing import hidden_value
 
 SYSTEM = "You are a careful calculator."
 # Worked examples shown before every problem; never drawn as a problem of any split.
@@ -68,9 +68,8 @@ class AdditionTask:
             raise ValueError(f"AdditionTask.hidden_max must be in 1..9, got {self.hidden_max}.")
 
     def hidden_value(self, problem: str) -> int:
-        """The hidden operand of a problem: fixed by its text, unrelated to anything in it."""
-        digest = hashlib.sha256(f"hidden:{problem}".encode()).digest()
-        return int.from_bytes(digest[:8], "big") % (self.hidden_max + 1)
+        """The hidden operand of a problem: fixed by its text (as on ``guess-half``)."""
+        return hidden_value(problem, self.hidden_max)
 
     def sample(self, rng: random.Random, hidden: bool) -> dict:
         a, b = rng.randint(self.low, self.high), rng.randint(self.low, self.high)

@@ -25,6 +25,12 @@ from .arithmetic import ARITHMETIC_CHARS, SPLITS, ArithmeticTask, arithmetic_dat
 GUESS_CHARS = ARITHMETIC_CHARS + "?"  # the character tokenizer of a model trained on this task
 
 
+def hidden_value(problem: str, hidden_max: int) -> int:
+    """A hidden operand in ``0..hidden_max``, fixed by the problem's text and unrelated to anything in it."""
+    digest = hashlib.sha256(f"hidden:{problem}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % (hidden_max + 1)
+
+
 @dataclass(frozen=True)
 class GuessTask:
     """The arithmetic task with a share of guessable items.
@@ -48,8 +54,7 @@ class GuessTask:
 
     def hidden_value(self, problem: str) -> int:
         """The hidden operand of a guessable problem: fixed by its text, unrelated to anything in it."""
-        digest = hashlib.sha256(f"hidden:{problem}".encode()).digest()
-        return int.from_bytes(digest[:8], "big") % (self.hidden_max + 1)
+        return hidden_value(problem, self.hidden_max)
 
     def sample_guess(self, rng: random.Random) -> dict:
         """One guessable problem: ``{"problem", "answer", "solution", "solutions", "num_operands"}``.
