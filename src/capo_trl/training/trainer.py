@@ -5,6 +5,7 @@ It wraps (never copies) these GRPOTrainer / Trainer methods, calling ``super()``
 * ``_calculate_rewards``: keeps the gathered ``(N_global, n_funcs)`` reward tensor, rejects infinities;
 * ``_generate_single_turn``: records the rollout's token log-probs while transformers samples
   (so CAPO needs no second policy forward);
+* ``_generate``: keeps each completion's length and tool mask (what was generated, truncated or not);
 * ``_generate_and_score_completions``: scores every completion, computes the method's advantages
   and the mask on the global batch, writes this process's slice back, and logs calibration metrics;
 * ``_prepare_inputs``: lets a method's state (CoDaPO's replay) choose the generation batch;
@@ -74,6 +75,8 @@ class StepRecord:
     """
 
     rollout_logps: list[list[float]] | None = None  # recorded while transformers sampled
+    completion_lengths: list[int] | None = None  # generated tokens per local row, truncated or not
+    tool_masks: list[list[int]] | None = None  # TRL's per-row tool masks (1 = the policy's token), or None
     rewards_per_func: torch.Tensor | None = None  # (N_global, n_funcs), NaN = None
     ref_cache_start: tuple[int, int] | None = None  # (hits, lookups) before this batch
     rewards: torch.Tensor | None = None  # (N_global,) weighted total
@@ -180,6 +183,13 @@ class CAPOTrainer(CheckpointedState, MethodLosses, ReferenceScoring, GRPOTrainer
             )
         self._record.rewards_per_func = rewards
         return rewards
+
+    def _generate(self, prompts):
+        out = super()._generate(prompts)
+        completion_ids, tool_masks = out[1], out[2]  # before mask_truncated_completions hides truncated rows
+        self._record.completion_lengths = [len(ids) for ids in completion_ids]
+        self._record.tool_masks = tool_masks
+        return out
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         if not self._records_rollout_logps():
