@@ -176,3 +176,110 @@ def test_the_scoring_forward_leaves_rng_and_modes_as_it_found_them(tiny_model_di
     assert torch.equal(torch.get_rng_state(), rng)
     assert model.training and not model.model.layers[0].training and model.model.layers[1].training
     assert torch.equal(trainer._forward_logps(model, out), first)  # no dropout noise in a score
+
+
+# ------------------------------------------------------------------------ the mask's reference is the initial policy
+def first_batch_ppl_gap(trainer) -> float:
+    """Train one step; the largest |PPL_ref / PPL_policy - 1| over the first batch, which the initial policy
+    sampled and scored: 0 (up to rounding) when the mask's reference is the initial policy."""
+    seen = []
+    original = trainer._generate_and_score_completions
+
+    def spy(inputs):
+        out = original(inputs)
+        if not seen:
+            seen.append((torch.exp(-trainer._record.scores), trainer._record.ref_ppl))
+        return out
+
+    trainer._generate_and_score_completions = spy
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.train()
+    policy, ref = seen[0]
+    assert torch.isfinite(ref).all()
+    return (ref / policy - 1).abs().max().item()
+
+
+def test_beta_positive_with_a_model_object_references_the_model_as_passed(tiny_model_dir, tmp_path):
+    """TRL reloads its reference from config._name_or_path; weights changed in memory must be in it."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+    initial = {n: p.clone() for n, p in model.state_dict().items()}
+    args = CAPOConfig(output_dir=str(tmp_path), beta=0.04, **{**COMMON, **LOOSE, "max_steps": 1})
+    trainer = CAPOTrainer(model=model, reward_funcs=digit_reward, args=args, train_dataset=tiny_dataset())
+    ref = trainer.accelerator.unwrap_model(trainer.ref_model).state_dict()
+    assert max((ref[n] - initial[n]).abs().max().item() for n in initial) == 0
+    assert first_batch_ppl_gap(trainer) < 1e-4
+
+
+@pytest.mark.parametrize("init", [False, "pissa", "olora"])
+def test_an_adapter_that_does_not_start_as_identity_is_copied_for_the_reference(tiny_model_dir, tmp_path, init):
+    from peft import LoraConfig
+
+    args = CAPOConfig(output_dir=str(tmp_path), ref_scoring="all", **{**COMMON, **LOOSE, "max_steps": 1})
+    trainer = CAPOTrainer(model=tiny_model_dir, reward_funcs=digit_reward, args=args, train_dataset=tiny_dataset(),
+                          peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                 init_lora_weights=init))
+    gap = first_batch_ppl_gap(trainer)
+    assert gap < 1e-4, gap
+    assert "ref" in trainer.model.peft_config
+
+
+def test_a_fresh_lora_adapter_still_uses_the_base_model(tiny_model_dir, tmp_path):
+    from peft import LoraConfig
+
+    args = CAPOConfig(output_dir=str(tmp_path), ref_scoring="all", **{**COMMON, **LOOSE, "max_steps": 1})
+    trainer = CAPOTrainer(model=tiny_model_dir, reward_funcs=digit_reward, args=args, train_dataset=tiny_dataset(),
+                          peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    assert "ref" not in trainer.model.peft_config  # B = 0: the base is the initial policy, no copy needed
+    assert first_batch_ppl_gap(trainer) < 1e-4
+
+
+def test_a_prompt_learning_adapter_with_the_mask_is_refused_in_one_line(tiny_model_dir, tmp_path):
+    from peft import PromptTuningConfig
+
+    from capo_trl.errors import UsageError
+
+    args = CAPOConfig(output_dir=str(tmp_path), **{**COMMON, **LOOSE})
+    with pytest.raises(UsageError, match=r"peft_config PromptTuningConfig: the noise mask's reference") as err:
+        CAPOTrainer(model=tiny_model_dir, reward_funcs=digit_reward, args=args, train_dataset=tiny_dataset(),
+                    peft_config=PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4))
+    assert "\n" not in str(err.value)
+
+
+# ------------------------------------------------------------------------ settings a method would ignore
+BASE = dict(output_dir="unused", use_cpu=True, bf16=False, report_to="none")
+
+
+@pytest.mark.parametrize("scale", ["none", "batch", False])
+def test_scale_rewards_that_paper_scale_would_ignore_is_refused(scale):
+    with pytest.raises(ValueError, match=r"scale_rewards='(none|batch)' has no effect under advantage_scale='paper'"):
+        CAPOConfig(scale_rewards=scale, **BASE)
+    for advantage_scale in ("bounded", "matched"):  # these honour it
+        assert CAPOConfig(scale_rewards=scale, advantage_scale=advantage_scale, **BASE).scale_rewards == \
+            {False: "none"}.get(scale, scale)
+    CAPOConfig(scale_rewards=scale, advantage_estimator="grpo", **BASE)  # TRL's own advantages honour it too
+
+
+@pytest.mark.parametrize("setting", [
+    dict(loss_type="grpo"), dict(loss_type="sapo"), dict(epsilon=0.3), dict(epsilon_high=0.28), dict(delta=2.0),
+    dict(importance_sampling_level="sequence"), dict(entropy_coef=0.01), dict(use_adaptive_entropy=True),
+    dict(top_entropy_quantile=0.2), dict(off_policy_mask_threshold=0.5),
+])
+def test_c2gspg_refuses_what_its_own_loss_ignores(setting):
+    (name, value), = setting.items()
+    with pytest.raises(ValueError, match=rf"^CAPOConfig\.{name}={value!r} is ignored by advantage_estimator='c2gspg'"):
+        CAPOConfig(advantage_estimator="c2gspg", **setting, **BASE)
+    CAPOConfig(advantage_estimator="grpo", **setting, **BASE)  # TRL's loss reads it
+
+
+def test_c2gspg_refuses_the_vllm_importance_sampling_correction_it_would_ignore():
+    with pytest.raises(ValueError, match=r"vllm_importance_sampling_correction=True is ignored by advantage_estimator"):
+        CAPOConfig(advantage_estimator="c2gspg", use_vllm=True, **BASE)
+    CAPOConfig(advantage_estimator="c2gspg", use_vllm=True, vllm_importance_sampling_correction=False, **BASE)
+    CAPOConfig(advantage_estimator="c2gspg", **BASE)  # the defaults: no vLLM, every loss field untouched
