@@ -217,14 +217,15 @@ def test_beta_positive_with_a_model_object_references_the_model_as_passed(tiny_m
     assert first_batch_ppl_gap(trainer) < 1e-4
 
 
-@pytest.mark.parametrize("init", [False, "pissa", "olora"])
+@pytest.mark.parametrize("init", [False, "pissa", "olora", "loha"])
 def test_an_adapter_that_does_not_start_as_identity_is_copied_for_the_reference(tiny_model_dir, tmp_path, init):
-    from peft import LoraConfig
+    from peft import LoHaConfig, LoraConfig
 
     args = CAPOConfig(output_dir=str(tmp_path), ref_scoring="all", **{**COMMON, **LOOSE, "max_steps": 1})
+    peft_config = (LoHaConfig(r=4, target_modules=["q_proj", "v_proj"], init_weights=False) if init == "loha" else
+                   LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=init))
     trainer = CAPOTrainer(model=tiny_model_dir, reward_funcs=digit_reward, args=args, train_dataset=tiny_dataset(),
-                          peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                                 init_lora_weights=init))
+                          peft_config=peft_config)
     gap = first_batch_ppl_gap(trainer)
     assert gap < 1e-4, gap
     assert "ref" in trainer.model.peft_config

@@ -113,6 +113,8 @@ class ReferenceScoring:
 
     def _rescored(self, out, attend: torch.Tensor, per_token: torch.Tensor) -> torch.Tensor:
         """``per_token`` with the rows whose attention mask ``attend`` changes scored again under it (one forward)."""
+        if not self.mask_truncated_completions:
+            return per_token
         hidden = (attend != out["completion_mask"]).any(dim=1).cpu()
         rows = hidden
         if self._sharded:  # every process runs as many forwards as the one with the most rows
