@@ -214,6 +214,8 @@ def test_beta_positive_with_a_model_object_references_the_model_as_passed(tiny_m
     trainer = CAPOTrainer(model=model, reward_funcs=digit_reward, args=args, train_dataset=tiny_dataset())
     ref = trainer.accelerator.unwrap_model(trainer.ref_model).state_dict()
     assert max((ref[n] - initial[n]).abs().max().item() for n in initial) == 0
+    assert sum(m is trainer.ref_model for m in trainer.accelerator._models) <= 1  # TRL's reloaded copy is let go
+    assert not any(m is not trainer.ref_model and m is not trainer.model for m in trainer.accelerator._models)
     assert first_batch_ppl_gap(trainer) < 1e-4
 
 

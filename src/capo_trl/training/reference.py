@@ -9,6 +9,7 @@ LRU cache.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 
@@ -133,7 +134,18 @@ def adapter_is_identity(model) -> bool:
         return False
     b = [p for n, p in model.named_parameters()
          if name in n.split(".") and {"lora_B", "lora_embedding_B"} & set(n.split("."))]
-    return bool(b) and all(not bool(p.detach().any()) for p in b)
+    partitioned = [p for p in b if hasattr(p, "ds_id")]  # ZeRO-3: look at the full tensors
+    with _gathered(partitioned):
+        return bool(b) and all(not bool(p.detach().any()) for p in b)
+
+
+def _gathered(params):
+    """DeepSpeed's gather of partitioned parameters (read only), or nothing to do."""
+    if not params:
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
 
 
 def add_reference_adapter(model) -> None:
@@ -145,6 +157,10 @@ def add_reference_adapter(model) -> None:
     (PiSSA and its kin would take their share out of the base a second time), then overwritten.
     """
     name = model.active_adapter
+    if any(hasattr(p, "ds_id") for n, p in model.named_parameters() if name in n.split(".")):
+        raise UsageError("the noise mask needs a frozen copy of the initial adapter as its reference, which cannot be "
+                         "made once ZeRO-3 has partitioned the adapter; use an adapter that starts as the identity "
+                         "(LoRA's default init), or noise_mask=False.")
     config = copy.deepcopy(model.peft_config[name])
     for init in ("init_lora_weights", "init_weights"):
         if hasattr(config, init):

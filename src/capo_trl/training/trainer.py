@@ -143,7 +143,10 @@ class CAPOTrainer(CheckpointedState, MethodLosses, ReferenceScoring, GRPOTrainer
                          rollout_func, environment_factory)
         self._capo_ref_model = build_reference(self, ref_source) if needs_own_ref else None
         if copy_model and self.ref_model is not None:  # beta > 0: TRL's reference (the KL's too) is the copy
-            self.ref_model = build_reference(self, ref_source)
+            reloaded, self.ref_model = self.ref_model, build_reference(self, ref_source)
+            if reloaded in self.accelerator._models:  # accelerate keeps what it prepared: let TRL's copy go
+                self.accelerator._models.remove(reloaded)
+            del reloaded
         if mask_on and peft_config is not None:  # TRL wrapped the model: is base = initial policy?
             unwrapped = self.accelerator.unwrap_model(self.model)
             if not adapter_is_identity(unwrapped):
