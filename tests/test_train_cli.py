@@ -547,6 +547,20 @@ def test_missing_model_data_and_checkpoint_are_one_line_errors(tiny_model_dir, p
     assert "trains nothing" in one_line_error(capsys, job(tiny_model_dir, problems_file, out, "--max_steps", "0"))
 
 
+def test_use_vllm_without_vllm_is_one_line_before_any_model_loads(tiny_model_dir, problems_file, tmp_path, capsys,
+                                                                  monkeypatch):
+    import importlib
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded before the vLLM check")
+
+    monkeypatch.setattr(importlib.import_module("trl.import_utils"), "is_vllm_available", lambda *args, **kwargs: False)  # as without vLLM
+    monkeypatch.setattr(capo_train, "build_trainer", no_loading)
+    err = one_line_error(capsys, job(tiny_model_dir, problems_file, str(tmp_path / "out"), "--use_vllm", "true"))
+    assert "use_vllm true needs vLLM, which is not installed" in err and "drop --use_vllm" in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_an_earlier_run_is_never_replaced_silently(tiny_model_dir, problems_file, tmp_path, capsys):
     out = tmp_path / "out"
     assert cli.main(["train", *job(tiny_model_dir, problems_file, out, "--max_steps", "2", "--save_steps", "1")]) == 0

@@ -257,11 +257,18 @@ def check_args(script_args: ScriptArguments, training_args: CAPOConfig, model_ar
 
 
 def preflight(script_args: ScriptArguments, training_args: CAPOConfig, model_args) -> None:
-    """Checks against the file system, before anything loads: model, data file, output folder, checkpoint.
+    """Checks against the file system, before anything loads: vLLM when asked for, model, data file, output
+    folder, checkpoint.
 
     An earlier run's folder is refused unless resuming it or told to replace it.
     """
+    from trl.import_utils import is_vllm_available
+
     from ..training.resume import resume_checkpoint
+
+    if training_args.use_vllm and not is_vllm_available():  # TRL would find out after the model has loaded
+        raise UsageError("use_vllm true needs vLLM, which is not installed here: install it with capo-trl "
+                         "(pip install -e '.[vllm]' in a checkout, on a GPU machine), or drop --use_vllm.")
 
     name = script_args.dataset_name
     if name is not None and data.dataset_kind(name) == "local" and not Path(name).is_file():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -35,6 +35,12 @@ def c2gspg_loss(seq_logp: torch.Tensor, advantages: torch.Tensor, rewards: torch
     return -per.sum() / n, {"c2gspg/calibration_term": cal}
 
 
+# GRPOConfig fields read only by TRL's loss, which C2GSPG's replaces (loss_type also selects the sapo/vespo
+# fields; use_adaptive_entropy its entropy_coef_* fields). beta, its own check above.
+TRL_LOSS_FIELDS = ("loss_type", "epsilon", "epsilon_high", "delta", "importance_sampling_level", "entropy_coef",
+                   "use_adaptive_entropy", "top_entropy_quantile", "off_policy_mask_threshold")
+
+
 @dataclass
 class C2GSPGArgs:
     """C2GSPG's field of :class:`~capo_trl.CAPOConfig`."""
@@ -57,6 +63,17 @@ class C2GSPG(Method):
         if config.beta != 0:
             raise ValueError(f"CAPOConfig.beta={config.beta} is ignored by advantage_estimator='c2gspg' (its loss "
                              "has no KL term); set beta=0.")
+        defaults = {f.name: f.default for f in fields(config)}
+        changed = [name for name in TRL_LOSS_FIELDS if name in defaults and getattr(config, name) != defaults[name]]
+        if changed:
+            given = ", ".join(f"{name}={getattr(config, name)!r}" for name in changed)
+            raise ValueError(f"CAPOConfig.{given} {'is' if len(changed) == 1 else 'are'} ignored by advantage_estimator="
+                             "'c2gspg' (its own loss replaces TRL's: no ratio, clip, entropy term or off-policy mask); "
+                             f"leave {'it' if len(changed) == 1 else 'them'} at the default.")
+        if getattr(config, "use_vllm", False) and getattr(config, "vllm_importance_sampling_correction", False):
+            raise ValueError("CAPOConfig.vllm_importance_sampling_correction=True is ignored by advantage_estimator="
+                             "'c2gspg' (its loss has no importance ratio to correct); set it to False to train on "
+                             "vLLM's samples as they are, or use_vllm=False.")
 
     def advantages(self, batch: AdvantageInputs):
         return c2gspg_advantages(batch.rewards, batch.scores, batch.num_generations), {}

@@ -53,6 +53,15 @@ class CAPO(Method):
             "advantage_normalization": NORMALIZATIONS, "surrogate": SURROGATES, "tau_mode": TAU_MODES,
             "advantage_scale": SCALES})
 
+    def check(self, config) -> None:
+        scale = getattr(config, "scale_rewards", "group")
+        if self.args.advantage_scale == "paper" and scale != "group":
+            raise ValueError(
+                f"CAPOConfig.scale_rewards={scale!r} has no effect under advantage_scale='paper' (the paper's "
+                "advantage divides by no reward std; TRL's default 'group' is accepted there and means nothing); use "
+                "advantage_scale='bounded' (divides by the scale_rewards std) or 'matched' (GRPO's advantages, "
+                "scale_rewards applied), or leave scale_rewards at 'group'.")
+
     def advantages(self, batch: AdvantageInputs):
         a = self.args
         tau = a.tau

@@ -9,6 +9,7 @@ LRU cache.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 
@@ -21,6 +22,7 @@ from trl.trainer.utils import (
 )
 
 from ..cache import LRU
+from ..errors import UsageError
 
 
 def sequence_keys(prompt_ids, prompt_mask, completion_ids, loss_mask) -> list[bytes]:
@@ -109,17 +111,65 @@ def snapshot(model: torch.nn.Module) -> torch.nn.Module:
     return ref.to(next(iter(state.values())).dtype)
 
 
+def check_peft_reference(peft_config, mask_on: bool) -> None:
+    """A prompt-learning adapter (prefix or prompt tuning) has no reference the mask could use: disabling it
+    drops its virtual tokens, which are part of the initial policy, and it cannot hold a frozen copy."""
+    if mask_on and peft_config is not None and getattr(peft_config, "is_prompt_learning", False):
+        raise UsageError(f"peft_config {type(peft_config).__name__}: the noise mask's reference must be the initial "
+                         "policy, which a prompt-learning adapter cannot give (disabling it drops its virtual tokens); "
+                         "use a LoRA-type adapter, or noise_mask=False.")
+
+
+def adapter_is_identity(model) -> bool:
+    """Whether a fresh PeftModel's active adapter adds nothing yet, so the base model (adapter disabled) is the
+    initial policy: LoRA whose B matrices are all zero (PEFT's default init).
+
+    ``init_lora_weights=False`` draws B at random; PiSSA, OLoRA, LoftQ and CorDA put the adapter's share of
+    the weights in A and B and take it out of the base; other adapter types are not assumed to start at zero.
+    """
+    from peft import LoraConfig
+
+    name = model.active_adapter
+    if not isinstance(model.peft_config[name], LoraConfig):
+        return False
+    b = [p for n, p in model.named_parameters()
+         if name in n.split(".") and {"lora_B", "lora_embedding_B"} & set(n.split("."))]
+    partitioned = [p for p in b if hasattr(p, "ds_id")]  # ZeRO-3: look at the full tensors
+    with _gathered(partitioned):
+        return bool(b) and all(not bool(p.detach().any()) for p in b)
+
+
+def _gathered(params):
+    """DeepSpeed's gather of partitioned parameters (read only), or nothing to do."""
+    if not params:
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+
+
 def add_reference_adapter(model) -> None:
     """A frozen copy of a PeftModel's active adapter as adapter ``"ref"``: the initial policy is base + adapter.
 
-    Disabling the adapter gives the base model, which is the initial policy only for a fresh adapter
-    (LoRA's B starts at zero); an already trained one must be copied. TRL does the same when beta > 0.
+    Disabling the adapter gives the base model, which is the initial policy only for an adapter that starts
+    as the identity (:func:`adapter_is_identity`); a trained one, or one initialised otherwise, must be
+    copied. TRL does the same for a trained adapter when beta > 0. The copy is made with the plain init
+    (PiSSA and its kin would take their share out of the base a second time), then overwritten.
     """
     name = model.active_adapter
-    model.add_adapter("ref", model.peft_config[name])
+    if any(hasattr(p, "ds_id") for n, p in model.named_parameters() if name in n.split(".")):
+        raise UsageError("the noise mask needs a frozen copy of the initial adapter as its reference, which cannot be "
+                         "made once ZeRO-3 has partitioned the adapter; use an adapter that starts as the identity "
+                         "(LoRA's default init), or noise_mask=False.")
+    config = copy.deepcopy(model.peft_config[name])
+    for init in ("init_lora_weights", "init_weights"):
+        if hasattr(config, init):
+            setattr(config, init, True)
+    model.add_adapter("ref", config)
     for param_name, param in model.named_parameters():
-        if f".{name}." in param_name:
-            ref = model.get_parameter(param_name.replace(f".{name}.", ".ref."))
+        parts = param_name.split(".")
+        if name in parts:  # e.g. ...q_proj.lora_B.default.weight, or a ParameterDict entry ...hada_w1_a.default
+            ref = model.get_parameter(".".join("ref" if part == name else part for part in parts))
             ref.data.copy_(param.data)
             ref.requires_grad_(False)
 

@@ -9,6 +9,7 @@ model gathers parameters from all processes, so when only some rows are scored
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -36,6 +37,24 @@ def collective_rows(want: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     return out
 
 
+@contextlib.contextmanager
+def scoring_mode(model: torch.nn.Module, device: torch.device):
+    """Eval mode and a forked RNG for one scoring forward, then every module's mode and the RNG as found.
+
+    A score is then a function of the completion alone (no dropout noise), and the training that
+    follows draws the same random numbers as without the forward: with a dropout model, ``"grpo"``
+    stays bit for bit GRPOTrainer even when CAPO must score the rollout itself.
+    """
+    modes = [(module, module.training) for module in model.modules()]
+    with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device], device_type=device.type):
+        model.eval()
+        try:
+            yield
+        finally:
+            for module, training in modes:
+                module.training = training
+
+
 class ReferenceScoring:
     """Mixin for :class:`~capo_trl.CAPOTrainer`: the policy's and the reference's scores of a batch."""
 
@@ -52,7 +71,8 @@ class ReferenceScoring:
         take = (lambda t: t) if rows is None else (lambda t: t[rows])
         input_ids = torch.cat([take(out["prompt_ids"]), take(out["completion_ids"])], dim=1)
         attention_mask = torch.cat([take(out["prompt_mask"]), take(out["completion_mask"])], dim=1)
-        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+        with (torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs),
+              scoring_mode(model, self.accelerator.device)):
             logps, _, _ = self._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, out["completion_ids"].size(1),
                 batch_size=self.args.per_device_train_batch_size, **extra,
@@ -60,17 +80,57 @@ class ReferenceScoring:
         return logps
 
     def _rollout_scores(self, out, loss_mask, record) -> torch.Tensor:
-        """s_i under the policy that sampled: TRL's old log-probs, else the recorded ones, else a forward."""
-        if "old_per_token_logps" in out:
-            per_token = out["old_per_token_logps"]
+        """s_i under the policy that sampled: TRL's old log-probs, else the recorded ones, else a forward.
+
+        s averages every generated token (tool output excluded), also those of a completion that
+        ``mask_truncated_completions`` leaves out of the loss: a truncated answer still takes part in
+        CAPO's comparisons, as its reward does in GRPO's group baseline.
+        """
+        attend, score_mask = self._generated_masks(out, loss_mask, record)
+        if "old_per_token_logps" in out:  # TRL scored truncated rows with their completion hidden: redo those
+            per_token = self._rescored(out, attend, out["old_per_token_logps"])
         elif record.rollout_logps is not None:
             width = out["completion_ids"].size(1)
             per_token = torch.zeros(len(record.rollout_logps), width, device=loss_mask.device)
             for i, row in enumerate(record.rollout_logps):
                 per_token[i, : len(row)] = torch.tensor(row[:width])
         else:
-            per_token = self._forward_logps(self.model, out)
-        return mean_token_logprob(per_token, loss_mask)
+            per_token = self._forward_logps(self.model, {**out, "completion_mask": attend})
+        return mean_token_logprob(per_token, score_mask)
+
+    def _generated_masks(self, out, loss_mask, record) -> tuple[torch.Tensor, torch.Tensor]:
+        """(completion attention mask, score mask) over every generated token: TRL's masks as they were before
+        ``mask_truncated_completions`` zeroed the truncated rows (the same masks when it is off)."""
+        if not self.mask_truncated_completions or record.completion_lengths is None:
+            return out["completion_mask"], loss_mask
+        width = out["completion_ids"].size(1)
+        lengths = torch.tensor(record.completion_lengths, device=loss_mask.device)
+        attend = torch.arange(width, device=loss_mask.device).unsqueeze(0) < lengths.unsqueeze(1)
+        score_mask = attend.to(loss_mask.dtype)
+        for i, tool_mask in enumerate(record.tool_masks or []):  # tool output is not the policy's
+            score_mask[i, : len(tool_mask)] *= torch.tensor(tool_mask, dtype=score_mask.dtype, device=lengths.device)
+        return attend.to(out["completion_mask"].dtype), score_mask
+
+    def _rescored(self, out, attend: torch.Tensor, per_token: torch.Tensor) -> torch.Tensor:
+        """``per_token`` with the rows whose attention mask ``attend`` changes scored again under it (one forward)."""
+        if not self.mask_truncated_completions:
+            return per_token
+        hidden = (attend != out["completion_mask"]).any(dim=1).cpu()
+        rows = hidden
+        if self._sharded:  # every process runs as many forwards as the one with the most rows
+            counts = self.accelerator.gather(torch.tensor([int(hidden.sum())], device=attend.device))
+            rows = collective_rows(hidden, counts.cpu())
+        if not rows.any():
+            return per_token
+        full = {**out, "completion_mask": attend}
+        if any(k in out for k in FORWARD_KEYS):  # images are not per row: score every row
+            fresh, rows = self._forward_logps(self.model, full), torch.ones_like(rows)
+        else:
+            fresh = self._forward_logps(self.model, full, rows.nonzero().squeeze(1).to(attend.device))
+        used = hidden[rows].to(fresh.device)  # rows scored only to keep the forwards collective keep TRL's values
+        per_token = per_token.clone()
+        per_token[rows.nonzero().squeeze(1)[used.cpu()].to(per_token.device)] = fresh[used].to(per_token.dtype)
+        return per_token
 
     def _ref_rows(self, out, advantages: torch.Tensor, mode: str) -> torch.Tensor | None:
         """Global rows whose reference score can change the loss (``ref_scoring``); None: every row."""

@@ -5,6 +5,7 @@ It wraps (never copies) these GRPOTrainer / Trainer methods, calling ``super()``
 * ``_calculate_rewards``: keeps the gathered ``(N_global, n_funcs)`` reward tensor, rejects infinities;
 * ``_generate_single_turn``: records the rollout's token log-probs while transformers samples
   (so CAPO needs no second policy forward);
+* ``_generate``: keeps each completion's length and tool mask (what was generated, truncated or not);
 * ``_generate_and_score_completions``: scores every completion, computes the method's advantages
   and the mask on the global batch, writes this process's slice back, and logs calibration metrics;
 * ``_prepare_inputs``: lets a method's state (CoDaPO's replay) choose the generation batch;
@@ -42,7 +43,8 @@ from .model_card import CAPO_PAPER, name_local_models, settings_section
 from .monitor import rollout_metrics
 from ..evaluation.prefill import shared_prefill
 from ..evaluation.recorder import RolloutLogprobRecorder, distribution_changes
-from .reference import ReferenceScoreCache, add_reference_adapter, build_reference, snapshot
+from .reference import (ReferenceScoreCache, adapter_is_identity, add_reference_adapter, build_reference,
+                        check_peft_reference, snapshot)
 from .scoring import ReferenceScoring
 from .skipping import SKIP_FIELD, resolve_skipping
 
@@ -77,6 +79,8 @@ class StepRecord:
     """
 
     rollout_logps: list[list[float]] | None = None  # recorded while transformers sampled
+    completion_lengths: list[int] | None = None  # generated tokens per local row, truncated or not
+    tool_masks: list[list[int]] | None = None  # TRL's per-row tool masks (1 = the policy's token), or None
     rewards_per_func: torch.Tensor | None = None  # (N_global, n_funcs), NaN = None
     ref_cache_start: tuple[int, int] | None = None  # (hits, lookups) before this batch
     rewards: torch.Tensor | None = None  # (N_global,) weighted total
@@ -126,17 +130,30 @@ class CAPOTrainer(CheckpointedState, MethodLosses, ReferenceScoring, GRPOTrainer
             )
         check_dataset_size(train_dataset, args)  # before any model is loaded
         self._quantization_config = quantization_config
-        mask_needs_ref = bool(args.noise_mask) and args.beta == 0.0
+        mask_on = bool(args.noise_mask)
+        mask_needs_ref = mask_on and args.beta == 0.0
         given_peft = not isinstance(model, str) and is_peft_model(model)
+        check_peft_reference(peft_config, mask_on)
         needs_own_ref = mask_needs_ref and peft_config is None and not given_peft
-        # The reference is the *initial* policy: copy an in-memory model before TRL patches or trains it.
-        ref_source = snapshot(model) if needs_own_ref and not isinstance(model, str) else model
+        # The mask's reference is the *initial* policy: copy an in-memory model before TRL patches or trains it
+        # (at beta > 0 TRL would reload its reference from config._name_or_path, without in-memory changes).
+        copy_model = mask_on and peft_config is None and not given_peft and not isinstance(model, str)
+        ref_source = snapshot(model) if copy_model else model
         if mask_needs_ref and given_peft and "ref" not in model.peft_config:
             add_reference_adapter(model)  # a trained adapter is part of the initial policy (TRL: only at beta > 0)
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, processing_class,
                          reward_processing_classes, callbacks, optimizers, quantization_config, peft_config, tools,
                          rollout_func, environment_factory)
         self._capo_ref_model = build_reference(self, ref_source) if needs_own_ref else None
+        if copy_model and self.ref_model is not None:  # beta > 0: TRL's reference (the KL's too) is the copy
+            reloaded, self.ref_model = self.ref_model, build_reference(self, ref_source)
+            if reloaded in self.accelerator._models:  # accelerate keeps what it prepared: let TRL's copy go
+                self.accelerator._models.remove(reloaded)
+            del reloaded
+        if mask_on and peft_config is not None:  # TRL wrapped the model: is base = initial policy?
+            unwrapped = self.accelerator.unwrap_model(self.model)
+            if not adapter_is_identity(unwrapped):
+                add_reference_adapter(unwrapped)  # TRL's KL at beta > 0 reads this "ref" adapter too
         self._ref_cache = ReferenceScoreCache(args.ref_cache_size)
         self._ref_cache_usable = args.ref_cache_size > 0 and not self._sharded  # sharded forwards are collective
         self._record = StepRecord()
@@ -187,6 +204,13 @@ class CAPOTrainer(CheckpointedState, MethodLosses, ReferenceScoring, GRPOTrainer
             )
         self._record.rewards_per_func = rewards
         return rewards
+
+    def _generate(self, prompts):
+        out = super()._generate(prompts)
+        completion_ids, tool_masks = out[1], out[2]  # before mask_truncated_completions hides truncated rows
+        self._record.completion_lengths = [len(ids) for ids in completion_ids]
+        self._record.tool_masks = tool_masks
+        return out
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         model = self.accelerator.unwrap_model(self.model_wrapped)
