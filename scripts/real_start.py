@@ -45,7 +45,15 @@ def paper(task: str) -> dict:
         rows = list(csv.DictReader(f))
     correct = [math.exp(-float(r["score"])) for r in rows if float(r["grade"]) >= 0.5]
     wrong = [math.exp(-float(r["score"])) for r in rows if float(r["grade"]) < 0.5]
-    return {**PAPER, "n_correct": len(correct), "n_wrong": len(wrong),
+    from capo_trl.data.benchmarks import load_benchmark
+
+    problems = load_benchmark(task, split="test", limit=len({r["id"] for r in rows}))
+    hidden = {i for i, p in zip(problems["id"], problems["prompt"]) if p[-1]["content"].endswith("+?.")}
+    by_kind = {kind: [float(r["grade"]) for r in rows if (r["id"] in hidden) == (kind == "guessable")]
+               for kind in ("derivable", "guessable")}
+    kinds = {f"{kind}/{what}": value for kind, grades in by_kind.items() if grades
+             for what, value in (("samples", len(grades)), ("accuracy", sum(grades) / len(grades)))}
+    return {**PAPER, **kinds, "n_correct": len(correct), "n_wrong": len(wrong),
             "dropped_correct": sum(p > PAPER["ref_high"] for p in correct) / max(len(correct), 1),
             "dropped_wrong": sum(p < PAPER["ref_low"] for p in wrong) / max(len(wrong), 1),
             "ppl_correct_max": max(correct, default=float("nan")), "ppl_wrong_min": min(wrong, default=float("nan"))}

@@ -398,6 +398,20 @@ def render_real_start() -> str:
                   "finished", "mean tokens"], body)
 
 
+def render_real_mask() -> str:
+    """The start model's samples by kind of item, and what the paper's thresholds would drop of them
+    (smollm2-start/<task>/paper-mask.json; the start model is the reference, so exp(-s) is the reference PPL)."""
+    body = []
+    for task in REAL_START:
+        m = summary(f"smollm2-start/{task}/paper-mask.json")
+        kinds = "; ".join(f"{k} {m[k + '/accuracy']:.3f}" for k in ("derivable", "guessable") if k + "/accuracy" in m)
+        body.append([f"`{task}`", kinds, f"{m['n_correct']} / {m['n_wrong']}", f"{m['dropped_correct']:.3f}",
+                     f"{m['dropped_wrong']:.3f}", f"{m['ppl_correct_max']:.2f}", f"{m['ppl_wrong_min']:.3f}"])
+    return table(["task", "accuracy by item", "right / wrong samples", f"right dropped (PPL > {m['ref_high']})",
+                  f"wrong dropped (PPL < {m['ref_low']})", "highest PPL of a right one", "lowest PPL of a wrong one"],
+                 body)
+
+
 def render_recommended() -> str:
     """The one recommended configuration for a real model, with its evidence and limits per setting
     (capo_trl.training.defaults.RECOMMENDED and RECOMMENDATION): the same block on every page that recommends."""
@@ -430,7 +444,8 @@ RENDER = {"arithmetic-200-steps": render_main, "grader-noise-1-seed": render_noi
           "arithmetic-powered-exploratory": render_exploratory, "arithmetic-powered-collapse": render_collapse,
           "calibrated-confidence": render_confidence, "guess-pilot-300-steps": lambda: render_pilot(300),
           "guess-pilot-600-steps": lambda: render_pilot(600), "guess-pilot-1000-steps": lambda: render_pilot(1000),
-          "guess-half-comparison": render_testbed_compare, "smollm2-start": render_real_start, **TESTBED_RENDER}
+          "guess-half-comparison": render_testbed_compare, "smollm2-start": render_real_start,
+          "smollm2-start-mask": render_real_mask, **TESTBED_RENDER}
 
 
 def render(text: str) -> str:
