@@ -39,7 +39,7 @@ TOP4 = [f"layers.{layer}.{module}" for layer in range(26, 30) for module in (
 CAPO = dict(advantage_estimator="capo", tau=0.5, tau_mode="relative", advantage_scale="matched", noise_mask=False)
 RECIPE = dict(num_generations=8, per_device_train_batch_size=32, max_completion_length=32, temperature=1.0, beta=0.0,
               learning_rate=0.0, lr_scheduler_type="constant", use_cpu=True, bf16=False, report_to="none",
-              logging_steps=1000, save_strategy="no", activation_checkpointing=False, disable_tqdm=True)
+              logging_steps=100, save_strategy="no", activation_checkpointing=False, disable_tqdm=True)
 # name -> (trainer, its config's extra fields, LoRA target modules, weights' dtype)
 VARIANTS = {
     "TRL GRPOTrainer": ("trl", {}, TOP4, torch.float32),
@@ -128,6 +128,9 @@ def build(name, model_path, dataset, reward, out):
     lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=targets, task_type="CAUSAL_LM")
     cls = GRPOTrainer if kind == "trl" else CAPOTrainer
     trainer = cls(model=model, reward_funcs=reward, args=config, train_dataset=dataset, peft_config=lora)
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)  # the table below is the output
     if dtype != torch.float32:  # LoRA's own parameters stay float32, as PEFT's autocast_adapter_dtype makes them
         assert all(p.dtype == torch.float32 for p in trainer.model.parameters() if p.requires_grad)
     timer = Timer()
@@ -135,7 +138,8 @@ def build(name, model_path, dataset, reward, out):
     timer.wrap(trainer, "_generate_and_score_completions", "rollout (generation, rewards, scoring)")
     timer.wrap(trainer, "compute_loss", "loss forward")
     timer.wrap(trainer, "training_step", "step")
-    timer.prefill(trainer.model)
+    # generate() runs the base model's forward, not the PeftModel's: hook the base, which every forward reaches
+    timer.prefill(trainer.model.get_base_model() if hasattr(trainer.model, "get_base_model") else trainer.model)
     return trainer, timer
 
 
@@ -186,12 +190,12 @@ def main(argv=None):
 
                 trainer.add_callback(Steps())
                 trainer.train()
-                skipped = [v for v in trainer._metrics["train"].get("capo/skipped_frac", [])]
+                skipped = [e["capo/skipped_frac"] for e in trainer.state.log_history if "capo/skipped_frac" in e]
             for seconds, split in durations[1:]:  # the first step warms caches up
                 per_step[name].append(seconds)
                 for label, value in split.items():
                     parts[name][label].append(value)
-            parts[name]["skipped rows (frac)"] = skipped[1:] or [0.0]
+            parts[name]["skipped rows (frac)"] = skipped or [0.0]  # logged once, over the run's steps
             print(f"  {name}: {[round(s, 1) for s, _ in durations]} s per step", flush=True)
     print()
     labels = ["rollout (generation, rewards, scoring)", " generation", "  prefill", "loss forward"]
