@@ -48,6 +48,23 @@ def test_download_smollm2_is_the_pinned_conversion(model_dir):
     assert report["parameters"] == 134_515_008 and report["max_abs_logit_diff"] == 0.0
 
 
+def test_download_smollm2_reads_its_tasks_prompts(model_dir):
+    """The chat tasks round-trip through the real tokenizer, and each split's prompts are distinct."""
+    from transformers import AutoTokenizer
+
+    from capo_trl.data.benchmarks import load_benchmark
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    for task in ("addition", "addition-guess-half"):
+        for split in ("train", "validation", "test"):
+            prompts = list(load_benchmark(task, split=split, limit=40)["prompt"])
+            assert len({p[-1]["content"] for p in prompts}) == 40, (task, split)
+            text = tokenizer.apply_chat_template(prompts[0], tokenize=False, add_generation_prompt=True)
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            assert tokenizer.decode(ids) == text and "SmolLM" not in text  # no default system prompt
+            assert text.endswith(f"{prompts[0][-1]['content']}<|im_end|>\n<|im_start|>assistant\n")
+
+
 def test_download_smollm2_trains_two_lora_steps_and_evaluates(model_dir, tmp_path_factory):
     """One test, so that one process trains (xdist would run a module fixture once per worker)."""
     trained = train_two_steps(tmp_path_factory)

