@@ -412,6 +412,22 @@ def render_real_mask() -> str:
                  body)
 
 
+def render_real_calibrate() -> str:
+    """calibrate-mask on the real model: 512 train problems x 8 (smollm2-start/<task>/calibrate-mask.json)."""
+    body = []
+    for task in REAL_START:
+        path = RESULTS / "smollm2-start" / task / "calibrate-mask.json"
+        if not path.is_file():
+            continue
+        m = json.loads(path.read_text())
+        q = lambda key: " / ".join(f"{v:.3f}" for v in m[key])  # noqa: E731
+        body.append([f"`{task}`", f"{m['n_problems']} x {m['n_samples'] // m['n_problems']}", f"{m['mixed_groups']}",
+                     f"{m['reference_accuracy']:.3f}", f"{m['reference_auroc']:.3f}", f"{m['score_spread']:.3f}",
+                     f"{m['ref_high']:.3f}", f"{m['ref_low']:.3f}", q("ppl_correct_quartiles"), q("ppl_wrong_quartiles")])
+    return table(["task", "problems x samples", "mixed groups", "accuracy", "AUROC", "score spread (absolute tau)",
+                  "ref_high", "ref_low", "PPL of right answers (quartiles)", "PPL of wrong answers (quartiles)"], body)
+
+
 def render_recommended() -> str:
     """The one recommended configuration for a real model, with its evidence and limits per setting
     (capo_trl.training.defaults.RECOMMENDED and RECOMMENDATION): the same block on every page that recommends."""
@@ -445,7 +461,7 @@ RENDER = {"arithmetic-200-steps": render_main, "grader-noise-1-seed": render_noi
           "calibrated-confidence": render_confidence, "guess-pilot-300-steps": lambda: render_pilot(300),
           "guess-pilot-600-steps": lambda: render_pilot(600), "guess-pilot-1000-steps": lambda: render_pilot(1000),
           "guess-half-comparison": render_testbed_compare, "smollm2-start": render_real_start,
-          "smollm2-start-mask": render_real_mask, **TESTBED_RENDER}
+          "smollm2-start-mask": render_real_mask, "smollm2-calibrate-mask": render_real_calibrate, **TESTBED_RENDER}
 
 
 def render(text: str) -> str:
