@@ -5,7 +5,7 @@ where the run that was never stopped ends, or is refused in one line; never a tr
 Two chains of kills on the embedded tiny model, with state a resume can lose: the mask's measured thresholds
 (`ref_thresholds auto`) and the reference-score cache; CoDaPO's replay with the mask on and
 `save_total_limit 1`. The moments are fixed (a file of the checkpoint being written appears, or a seeded
-delay after a step's log line), the killer watches from outside. After every process, every complete
+delay after a step's log line; a run that ends before its moment starts the chain afresh for the\nmoments left), the killer watches from outside. After every process, every complete
 checkpoint must equal the uninterrupted run's (weights byte for byte, every logged metric), and the final
 model must too. The runs are forked from one process that imported the CLI once (`fork_train.py`), so
 that twenty starts fit in a minute; the first uninterrupted run is a plain `python -m capo_trl.cli train`,
@@ -45,7 +45,7 @@ SETTINGS = {
 MOMENTS = {
     "mask-auto": [
         ("file", 1, "model.safetensors"),  # inside the first save: nothing complete yet, so resuming is refused
-        ("step", 1, None),  # a seeded delay after step 1's log line: in step 2 or its save
+        ("step", 1, None),  # a seeded delay (< 0.05 s) after step 1's log line: in step 2 or its save
         ("file", 1, TRAINER_STATE),  # the save's last file (the old order wrote CAPO's state after it)
         ("file", 1, ""),  # the checkpoint folder appears: CAPO's state being written
         ("file", 1, "optimizer.pt"),
@@ -134,7 +134,7 @@ def reached(moment, out: Path, start: int, log: Path, armed: dict) -> bool:
 def run_until(launcher, argv, out, log, moment, rng, deadline=120.0) -> tuple[int, bool]:
     """Start a run, SIGKILL its process group at ``moment`` (None: let it end); (exit status, killed)."""
     start = int(newest_complete(str(out))[0].rsplit("-", 1)[1]) if newest_complete(str(out))[0] else 0
-    armed = {"delay": rng.uniform(0.0, 0.3) if rng else 0.0}
+    armed = {"delay": rng.uniform(0.0, 0.05) if rng else 0.0}
     pid = launcher.start(argv, log)
     end = time.monotonic() + deadline
     while time.monotonic() < end:
@@ -176,7 +176,7 @@ def chain(launcher, setting: str, out: Path, ref: Path, seed: int) -> Counter:
     """Kill a run at each of its moments in turn, resuming it each time; then let it finish."""
     rng, figures, fresh = random.Random(seed), Counter(), False
     moments = list(MOMENTS[setting])
-    for attempt in range(len(moments) + 4):
+    for attempt in range(2 * len(moments) + 4):
         moment = moments[0] if moments else None
         resume = ([] if attempt == 0 else ["--overwrite_output_dir", "true"] if fresh
                   else ["--resume_from_checkpoint", "last"])
@@ -210,9 +210,14 @@ def chain(launcher, setting: str, out: Path, ref: Path, seed: int) -> Counter:
             assert status == 0, f"{log} exited with {status}:\n{text[-3000:]}"
             same_as_reference(out, ref)
             figures["ends equal"] += 1
-            figures["moments not reached"] += len(moments)
             check_checkpoints(out, ref, figures)
-            return figures
+            if not moments:
+                return figures
+            # the run finished before its moment came (a fast machine: fewer steps were left than the moment
+            # needs): start the chain afresh for the moments left, so every moment is tried on every machine
+            figures["chains restarted"] += 1
+            fresh = True
+            continue
         figures["resumes skipping an incomplete checkpoint"] += "skipping incomplete" in text
         check_checkpoints(out, ref, figures)
     pytest.fail(f"{setting}: {len(moments)} moments left after {figures['processes']} processes: {figures}")
@@ -248,6 +253,6 @@ def test_kill_anywhere_then_resume_last_equals_never_stopping(launcher, tmp_path
         print(setting, dict(figures))
         totals.update(figures)
     print("total", dict(totals))
-    assert totals["ends equal"] == len(SETTINGS)
+    assert totals["ends equal"] == len(SETTINGS) + totals["chains restarted"]
     assert totals["kills"] >= 10 and totals["kills leaving an incomplete checkpoint"] >= 4, totals
     assert totals["refusals"] >= 2, totals  # nothing complete yet; the finished run
