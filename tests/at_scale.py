@@ -21,7 +21,9 @@ import vllm_standin
 from capo_trl.testing.tiny import tiny_dataset
 
 from capo_trl import CAPOConfig, CAPOTrainer
+from capo_trl.testing.deepspeed_cpu import skip_shm_comm_op
 
+skip_shm_comm_op()  # an inference-only op DeepSpeed would compile first (minutes of CPU): see its module
 faulthandler.dump_traceback_later(int(os.environ.get("AT_SCALE_DEADLINE", "240")), exit=True)  # a hang: stacks, fail
 spec = json.loads(sys.argv[1])
 result_path = sys.argv[2]
