@@ -428,6 +428,31 @@ def render_real_calibrate() -> str:
                   "ref_high", "ref_low", "PPL of right answers (quartiles)", "PPL of wrong answers (quartiles)"], body)
 
 
+SWEEP = RESULTS / "smollm2-sweep"
+
+
+def render_real_sweep() -> str:
+    """The real model's exploratory sweep, one row per arm (smollm2-sweep/<arm>.json, scripts/real_sweep.py);
+    the criterion of its protocol: validation accuracy +0.10 from step 0 to step 100, mean length < 30 at 100."""
+    body = []
+    for path in sorted(SWEEP.glob("S*.json")):
+        m = json.loads(path.read_text())
+        val = {v["step"]: v for v in m["validation"]}
+        first, last = val[min(val)], val[max(val)]
+        length = next((r["completions/mean_length"] for r in m["train"] if r["step"] == 100), None)
+        acc = lambda v: f"{v['val/mean@4']:.3f} [{v['val/mean@4_ci_low']:.3f}, {v['val/mean@4_ci_high']:.3f}]"  # noqa: E731
+        met = (100 in val and length is not None
+               and val[100]["val/mean@4"] - first["val/mean@4"] >= 0.10 and length < 30)
+        minutes = f"{sum(m['wall_s']) / 60:.0f}" if m["wall_s"] else "running"
+        body.append([m["arm"], f"{m['learning_rate']:g}", m["layers"], str(m["global_step"]),
+                     " / ".join(acc(val[s]) for s in sorted(val)), f"{first['val/auroc']:.3f} / {last['val/auroc']:.3f}",
+                     f"{first['val/ece']:.3f} / {last['val/ece']:.3f}",
+                     f"{length:.1f}" if length is not None else "-", "yes" if met else "no", minutes])
+    return table(["arm", "learning rate", "LoRA on", "steps", "validation accuracy at 0 / 50 / 100 [95% CI]",
+                  "pooled AUROC first / last", "ECE first / last", "mean length at 100", "criterion met",
+                  "wall minutes"], body)
+
+
 def render_recommended() -> str:
     """The one recommended configuration for a real model, with its evidence and limits per setting
     (capo_trl.training.defaults.RECOMMENDED and RECOMMENDATION): the same block on every page that recommends."""
@@ -461,7 +486,8 @@ RENDER = {"arithmetic-200-steps": render_main, "grader-noise-1-seed": render_noi
           "calibrated-confidence": render_confidence, "guess-pilot-300-steps": lambda: render_pilot(300),
           "guess-pilot-600-steps": lambda: render_pilot(600), "guess-pilot-1000-steps": lambda: render_pilot(1000),
           "guess-half-comparison": render_testbed_compare, "smollm2-start": render_real_start,
-          "smollm2-start-mask": render_real_mask, "smollm2-calibrate-mask": render_real_calibrate, **TESTBED_RENDER}
+          "smollm2-start-mask": render_real_mask, "smollm2-calibrate-mask": render_real_calibrate, "smollm2-sweep": render_real_sweep,
+          **TESTBED_RENDER}
 
 
 def render(text: str) -> str:
