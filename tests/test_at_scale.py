@@ -166,3 +166,15 @@ def test_zero3_skipping_rows_on_one_process_only(tiny_model_dir, tmp_path):
     assert [r["capo/skipped_frac"] for r in steps(runs[True])] == [3 / 8, 3 / 8]
     assert runs[True]["checksum"] == pytest.approx(runs[False]["checksum"], rel=1e-6)
     assert [r["loss"] for r in steps(runs[True])] == pytest.approx([r["loss"] for r in steps(runs[False])], rel=1e-4)
+
+
+def test_the_inference_only_shm_op_is_not_compiled():
+    """at_scale.py skips DeepSpeed's CPU shared-memory all-reduce op: compiling it was ~2.5 min of the first ZeRO test
+    in every new environment, and ZeRO training never calls it (only inference_all_reduce does)."""
+    import importlib
+
+    from capo_trl.testing.deepspeed_cpu import skip_shm_comm_op
+
+    comm = importlib.import_module("deepspeed.comm.torch")
+    skip_shm_comm_op()
+    assert comm.build_shm_op() is None  # without the skip: a compile (minutes), then the op's module
