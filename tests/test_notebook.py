@@ -72,6 +72,9 @@ def test_committed_notebook_carries_current_outputs_and_one_budget_knob():
     for needle in ("validation AUROC (pooled)", "precision-coverage (test)"):
         assert _outputs(_cell(nb, needle), "image/png"), f"no figure committed for the cell with {needle!r}"
     assert "STEPS=300," in "".join(o.get("text", "") for o in code[0].outputs)  # the full budget, not a smoke run
+    abstention = "".join(o.get("text", "") for o in _cell(nb, "answer_or_abstain(").outputs)
+    assert "certifies precision >=" in abstention, abstention  # a threshold the data allow, for some model ...
+    assert "answer '" in abstention, abstention  # ... and a test problem it answers rather than abstains on
     setup = code[0].source
     assert "STEPS = " in setup and 'os.environ.get("CAPO_NOTEBOOK_STEPS"' in setup
     assert "widgets" not in nb.metadata  # no saved widget state
