@@ -441,12 +441,13 @@ def render_real_sweep() -> str:
         first, last = val[min(val)], val[max(val)]
         length = next((r["completions/mean_length"] for r in m["train"] if r["step"] == 100), None)
         acc = lambda v: f"{v['val/mean@4']:.3f} [{v['val/mean@4_ci_low']:.3f}, {v['val/mean@4_ci_high']:.3f}]"  # noqa: E731
+        num = lambda x: "undefined" if x is None else f"{x:.3f}"  # noqa: E731  (AUROC with no right answer)
         met = (100 in val and length is not None
                and val[100]["val/mean@4"] - first["val/mean@4"] >= 0.10 and length < 30)
         minutes = f"{sum(m['wall_s']) / 60:.0f}" if m["wall_s"] else "running"
         body.append([m["arm"], f"{m['learning_rate']:g}", m["layers"], str(m["global_step"]),
-                     " / ".join(acc(val[s]) for s in sorted(val)), f"{first['val/auroc']:.3f} / {last['val/auroc']:.3f}",
-                     f"{first['val/ece']:.3f} / {last['val/ece']:.3f}",
+                     " / ".join(acc(val[s]) for s in sorted(val)), f"{num(first['val/auroc'])} / {num(last['val/auroc'])}",
+                     f"{num(first['val/ece'])} / {num(last['val/ece'])}",
                      f"{length:.1f}" if length is not None else "-", "yes" if met else "no", minutes])
     return table(["arm", "learning rate", "LoRA on", "steps", "validation accuracy at 0 / 50 / 100 [95% CI]",
                   "pooled AUROC first / last", "ECE first / last", "mean length at 100", "criterion met",
