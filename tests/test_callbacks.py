@@ -49,3 +49,32 @@ def test_unbound_callback_says_how_to_bind():
         CalibrationCallback(tiny_dataset(2), every_n_steps=0)
     with pytest.raises(ValueError, match="no evaluation"):
         monitor.plot("never.png")
+
+
+def test_a_resumed_run_keeps_its_points_and_measures_none_twice(tiny_model_dir, tmp_path):
+    """Stopped at step 3 (after the step-2 point) and resumed: the points are 0, 2, 4 as without the stop, and
+    the summary starts at step 0, not at the resume."""
+    from capo_trl.cli.train import calibration_summary
+
+    def run(max_steps, resume=None):
+        args = CAPOConfig(
+            output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, max_completion_length=8,
+            max_steps=max_steps, learning_rate=1e-2, lr_scheduler_type="constant", bf16=False, use_cpu=True,
+            report_to="none", gradient_checkpointing=False, logging_steps=1, save_strategy="steps", save_steps=1,
+            seed=3, ref_high=1e6, ref_low=1.0,
+        )
+        trainer = CAPOTrainer(model=tiny_model_dir, reward_funcs=digit_reward, args=args,
+                              train_dataset=tiny_dataset())
+        monitor = CalibrationCallback(tiny_dataset(4), every_n_steps=2, n=4, grader=DigitGrader())
+        trainer.add_callback(monitor.bind(trainer))
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer, monitor
+
+    run(3)
+    trainer, monitor = run(4, resume=str(tmp_path / "checkpoint-3"))
+    assert [h["step"] for h in monitor.history] == [0, 2, 4]
+    assert [h["step"] for h in trainer.state.log_history if "val/auroc" in h] == [0, 2, 4]
+    summary = calibration_summary(trainer)
+    assert (summary["start"]["step"], summary["end"]["step"]) == (0, 4)
+    trainer, monitor = run(4, resume=str(tmp_path / "checkpoint-2"))  # resumed on a point: not measured again
+    assert [h["step"] for h in trainer.state.log_history if "val/auroc" in h] == [0, 2, 4]

@@ -86,7 +86,12 @@ class CalibrationCallback(TrainerCallback):
 
     # ------------------------------------------------------------------------------- events
     def on_train_begin(self, args, state, control, **kwargs):
-        if self.eval_at_start:
+        if not self.history:  # a resumed run: its checkpoint's log holds the points already measured
+            self.history = [{"step": row["step"], **{k: math.nan if v is None else v for k, v in row.items()
+                                                     if k.startswith(self.prefix)}}
+                            for row in state.log_history if any(k.startswith(self.prefix) for k in row)]
+        # Fresh: the step-0 point. Resumed: only a due point the stop missed (resuming equals not stopping).
+        if self.eval_at_start if state.global_step == 0 else state.global_step % self.every_n_steps == 0:
             self._evaluate(state, control)
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -105,7 +110,7 @@ class CalibrationCallback(TrainerCallback):
             raise RuntimeError("CalibrationCallback is not bound to a trainer: use "
                                "trainer.add_callback(callback.bind(trainer)).")
         if self.history and self.history[-1]["step"] == state.global_step:
-            return  # e.g. resumed exactly on an evaluation step
+            return  # resumed on an evaluation step: measured before the stop, and logged then
         accelerator = trainer.accelerator
         metrics = None
         if accelerator.is_main_process:
