@@ -47,6 +47,8 @@ VARIANTS = {
     "CAPO recipe": ("capo", {**CAPO, "share_prompt_prefill": True}, TOP4, torch.float32),
     "grpo in CAPOTrainer, shared prefill": ("capo", {"advantage_estimator": "grpo", "share_prompt_prefill": True}, TOP4,
                                             torch.float32),
+    "CAPO recipe + prompt shared in the loss": ("capo", {**CAPO, "share_prompt_prefill": True,
+                                                         "share_prompt_in_loss": True}, TOP4, torch.float32),
     "CAPO recipe + activation checkpointing": ("capo", {**CAPO, "share_prompt_prefill": True,
                                                         "activation_checkpointing": True}, TOP4, torch.float32),
     "CAPO recipe, LoRA on all layers": ("capo", {**CAPO, "share_prompt_prefill": True}, "all-linear", torch.float32),
@@ -56,11 +58,13 @@ VARIANTS = {
 }
 PAIRS = [("CAPO (recipe, no shared prefill)", "TRL GRPOTrainer"), ("CAPO recipe", "TRL GRPOTrainer"),
          ("CAPO recipe", "CAPO (recipe, no shared prefill)"),
+         ("CAPO recipe + prompt shared in the loss", "CAPO recipe"),
+         ("CAPO recipe + prompt shared in the loss", "TRL GRPOTrainer"),
          ("CAPO recipe + activation checkpointing", "CAPO recipe"), ("CAPO recipe, LoRA on all layers", "CAPO recipe"),
          ("CAPO recipe, 16 completions", "CAPO recipe"), ("CAPO recipe, bf16 weights", "CAPO recipe")]
 # the default set; bf16 only where the CPU computes it natively (else ask for it by name)
-DEFAULT = ["TRL GRPOTrainer", "CAPO (recipe, no shared prefill)", "CAPO recipe", "CAPO recipe + activation checkpointing",
-           "CAPO recipe, 16 completions"]
+DEFAULT = ["TRL GRPOTrainer", "CAPO (recipe, no shared prefill)", "CAPO recipe", "CAPO recipe + prompt shared in the loss",
+           "CAPO recipe + activation checkpointing", "CAPO recipe, 16 completions"]
 
 
 def cpu_has_bf16() -> bool:

@@ -71,6 +71,7 @@ def test_download_smollm2_trains_two_lora_steps_and_evaluates(model_dir, tmp_pat
     check_capo_metrics(*trained)
     check_adapter_changed(trained)
     check_reference_is_the_initial_policy(trained, model_dir)
+    check_shared_prompt_forward_is_trls(trained)
     check_evaluates(trained, model_dir)
 
 
@@ -117,6 +118,41 @@ def check_reference_is_the_initial_policy(trained, model_dir):
     assert torch.allclose(ref, want, atol=1e-4), (ref, want)  # float32, one 30-layer forward: rounding only
     policy = trainer._forward_logps(trainer.model, out)
     assert not torch.allclose(mean_token_logprob(policy, out["completion_mask"]), want, atol=1e-6)  # trained away
+
+
+def check_shared_prompt_forward_is_trls(trained):
+    """The recipe's loss forward (each prompt once, its cache shared) gives TRL's log-probs and LoRA gradient."""
+    from capo_trl.data.benchmarks import load_benchmark
+    from capo_trl.training.prompt_sharing import shared_prompt_logps
+
+    trainer, _ = trained
+    assert trainer.args.share_prompt_in_loss
+    tok = trainer.processing_class
+    prompts = [tok.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+               for p in load_benchmark("addition-guess-half", split="test", limit=2)["prompt"]]
+    completions = ["12 + 34 = 46. The answer is \\boxed{46}.<|im_end|>", "The answer is 7.<|im_end|>"]
+    rows = [(p, tok(c).input_ids) for p in prompts for c in completions]  # 2 prompts x 2 completions
+    width, length = max(len(p) for p, _ in rows), max(len(c) for _, c in rows)
+    pad = tok.pad_token_id
+    ids = torch.tensor([[pad] * (width - len(p)) + p + c + [pad] * (length - len(c)) for p, c in rows])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * (len(p) + len(c)) + [0] * (length - len(c)) for p, c in rows])
+    real = mask[:, -length:].bool()
+    lora = [p for n, p in trainer.model.named_parameters() if "lora_" in n]
+
+    def forward_and_grad(fn):
+        trainer.model.zero_grad()
+        logps = fn()
+        logps[real].sum().backward()
+        return logps.detach()[real], torch.cat([p.grad.flatten() for p in lora])
+
+    want, want_grad = forward_and_grad(lambda: trainer._get_per_token_logps_and_entropies(
+        trainer.model, ids, mask, length)[0])
+    got, got_grad = forward_and_grad(lambda: shared_prompt_logps(trainer.model, ids, mask, length, None, False,
+                                                                 trainer.accelerator.autocast)[0])
+    trainer.model.zero_grad()
+    # float32 through 30 layers, rounding only. Measured: log-probs 1.3e-5 apart, gradients 1.0e-5 (largest 3.9).
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+    torch.testing.assert_close(got_grad, want_grad, rtol=1e-3, atol=1e-4)
 
 
 def check_evaluates(trained, model_dir):

@@ -123,6 +123,12 @@ class CAPOConfig(*_METHOD_ARGS, GRPOConfig):
             prompt forward per sample. Same sampling distribution; numbers differ by float rounding from
             unshared generation, so it is off by default (GRPOTrainer's own behaviour). Worth it when
             prompts are long next to completions (few-shot prompts on a CPU).
+        share_prompt_in_loss (`bool`, defaults to `False`):
+            In the loss, forward each distinct prompt of a micro-batch once, its cache shared by its rows
+            (`capo_trl.training.prompt_sharing`), instead of once per row. The log-probs and gradient equal
+            TRL's up to float rounding (hence off by default). Worth it when prompts are long next to
+            completions. Needs `activation_checkpointing=False` (checkpointing turns the cache off) and
+            one process; not with a method that reads the full logits or its own sequence loss.
         method_kwargs (`dict` or `None`, defaults to `None`):
             Settings of a method defined outside capo-trl, checked against its `Args` dataclass.
     """
@@ -198,6 +204,12 @@ class CAPOConfig(*_METHOD_ARGS, GRPOConfig):
                   "num_generations samples (transformers generation only; numbers differ from unshared "
                   "generation by float rounding). Default false: GRPOTrainer's own generation."},
     )
+    share_prompt_in_loss: bool = field(
+        default=False,
+        metadata={"help": "In the loss forward, run each distinct prompt of a micro-batch once and share its cache "
+                  "with its rows (the same log-probs and gradient up to float rounding). Needs "
+                  "activation_checkpointing=false and one process. Default false: GRPOTrainer's own loss forward."},
+    )
     method_kwargs: dict | str | None = field(
         default=None,
         metadata={"help": "Settings of a method defined outside capo-trl (its Args dataclass), as a mapping (or a "
@@ -218,8 +230,23 @@ class CAPOConfig(*_METHOD_ARGS, GRPOConfig):
         self._validate_capo_fields(method)
         if self.noise_mask is None:
             self.noise_mask = method.default_noise_mask
-        super().__post_init__()
+        super().__post_init__()  # reconciles activation_checkpointing with its deprecated alias
+        self._check_prompt_sharing(method)
         resolve_skipping(self, method(self))  # the method's own constraints (loss_type, beta, ...), then ours
+
+    def _check_prompt_sharing(self, method) -> None:
+        """``share_prompt_in_loss`` needs the model's cache in the loss forward, and TRL's fused log-probs."""
+        if not self.share_prompt_in_loss:
+            return
+        blockers = [why for on, why in (
+            (self.activation_checkpointing,
+             "activation_checkpointing=True (it turns the cache off); set activation_checkpointing=False"),
+            (method.token_logps is not None or method.sequence_loss is not None,
+             f"advantage_estimator={self.advantage_estimator!r} (its loss reads the full logits or its own "
+             "sequence loss)")) if on]
+        if blockers:
+            raise ValueError(f"CAPOConfig.share_prompt_in_loss=True does not work with {blockers[0]}; or set "
+                             "share_prompt_in_loss=False.")
 
     def _validate_capo_fields(self, method) -> None:
         def bad(name, allowed):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..advantages import mean_token_logprob
+from .prompt_sharing import shared_prompt_logps
 from .skipping import masked_token_mean, rows_to_forward, scatter_rows
 
 # Extra model inputs TRL's forward accepts (multimodal); passed through unchanged when present.
@@ -27,7 +28,7 @@ class MethodLosses:
         if self.method.sequence_loss is not None and not return_outputs:
             return self._sequence_loss(model, inputs, self.method.sequence_loss)
         rows = self._forwarded_rows(inputs)
-        if self.method.token_logps is None and rows is None:
+        if self.method.token_logps is None and rows is None and not self.args.share_prompt_in_loss:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         self._loss_inputs, self._loss_rows = inputs, rows  # read by _get_per_token_logps_and_entropies in TRL's loss
         try:
@@ -86,6 +87,11 @@ class MethodLosses:
                     compute_aux_loss, inputs, mask, **multimodal):
         """The loss's log-probs of these rows: TRL's, or one plain forward and the ``token_logps`` hook."""
         if self.method.token_logps is None:
+            if (self.args.share_prompt_in_loss and not compute_aux_loss and input_ids.size(1) - logits_to_keep >= 2
+                    and all(v is None for v in multimodal.values())):
+                logps, entropy = shared_prompt_logps(model, input_ids, attention_mask, logits_to_keep, batch_size,
+                                                     compute_entropy, self.accelerator.autocast)
+                return logps, entropy, None
             return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
                                                               batch_size, compute_entropy, compute_aux_loss,
                                                               **multimodal)

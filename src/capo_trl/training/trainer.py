@@ -166,6 +166,9 @@ class CAPOTrainer(CheckpointedState, MethodLosses, ReferenceScoring, GRPOTrainer
         self._loss_inputs = self._loss_rows = None  # the micro-batch whose loss is being computed, its forwarded rows
         self.method = resolve_method(args.advantage_estimator)(args)
         self._skip_rows = resolve_skipping(args, self.method) and not self._router_aux_loss(args)
+        if args.share_prompt_in_loss and self.accelerator.num_processes > 1:
+            raise UsageError(f"CAPOConfig.share_prompt_in_loss=True runs in one process only (it has not run with "
+                             f"{self.accelerator.num_processes}); set share_prompt_in_loss=False.")
         self._method_state = self.method.make_state(self.num_generations)
         context = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
         check_prompt_lengths(self.train_dataset, getattr(self.processing_class, "tokenizer", self.processing_class),
