@@ -39,7 +39,11 @@ def collect(arm: str, run: Path) -> dict:
     checkpoint = newest_checkpoint(run)
     state = json.loads((checkpoint / "trainer_state.json").read_text())
     history = state["log_history"]
-    val = [{"step": r["step"], **{k: r[k] for k in VAL if k in r}} for r in history if "val/mean@4" in r]
+    val, seen = [], set()
+    for r in history:  # a run resumed on an evaluation step by the code the sweep froze measured it again
+        if "val/mean@4" in r and r["step"] not in seen:
+            seen.add(r["step"])
+            val.append({"step": r["step"], **{k: r[k] for k in VAL if k in r}})
     train = [{"step": r["step"], **{k: r[k] for k in TRAIN if k in r}} for r in history if "reward" in r]
     return {"arm": arm, **ARMS[arm], "global_step": state["global_step"], "checkpoint": checkpoint.name, "validation": val,
             "train": train, "wall_s": wall_seconds(run.parent / f"{run.name}.times")}

@@ -449,8 +449,8 @@ def render_real_sweep() -> str:
                      " / ".join(acc(val[s]) for s in sorted(val)), f"{num(first['val/auroc'])} / {num(last['val/auroc'])}",
                      f"{num(first['val/ece'])} / {num(last['val/ece'])}",
                      f"{length:.1f}" if length is not None else "-", "yes" if met else "no", minutes])
-    return table(["arm", "learning rate", "LoRA on", "steps", "validation accuracy at 0 / 50 / 100 [95% CI]",
-                  "pooled AUROC first / last", "ECE first / last", "mean length at 100", "criterion met",
+    return table(["arm", "learning rate", "LoRA on", "steps", "validation accuracy every 50 steps from 0 [95% CI]",
+                  "pooled AUROC first / last", "ECE first / last", "mean length at 100", "criterion met (at 100)",
                   "wall minutes"], body)
 
 
