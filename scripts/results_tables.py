@@ -454,6 +454,35 @@ def render_real_sweep() -> str:
                   "wall minutes"], body)
 
 
+PILOT = RESULTS / "smollm2-pilot"
+
+
+def render_real_pilot() -> str:
+    """The real model's pilot (smollm2-pilot/<task>-seed<k>.json, verdict.json; scripts/real_pilot.py): per task,
+    the start and each GRPO seed on the test split, and each seed's checks of the pre-registered criterion."""
+    verdict = json.loads((PILOT / "verdict.json").read_text())
+    body = []
+    for task, v in verdict.items():
+        runs = [("start", v["start"], None)] + [(f"GRPO seed {s}", json.loads((PILOT / f"{task}-seed{s}.json").read_text()),
+                                                 v["per_seed"][str(s)]) for s in v["seeds_done"]]
+        for label, m, checks in runs:
+            guess = f"{m['guessable/accuracy']:.3f} / {m['guessable/modal_share']:.3f}" if "guessable/accuracy" in m else "-"
+            failed = [] if checks is None else [k for k in ("accuracy_rises", "auroc_falls", "no_collapse")
+                                                 if not checks[k]]
+            met = "-" if checks is None else "yes" if checks["required_met"] else f"no ({', '.join(failed)})"
+            per_q = "-" if checks is None else "yes" if checks["auroc_question_falls"] else "no"
+            body.append([f"`{task}`", label, f"{m['accuracy']:.3f} [{m['accuracy_ci'][0]:.3f}, {m['accuracy_ci'][1]:.3f}]",
+                         f"{m['auroc']:.3f}", f"{m['auroc_question']:.3f}", f"{m['ece']:.3f}", f"{m['e_aurc']:.3f}",
+                         f"{m['mean_tokens']:.1f}", f"{m['finished_frac']:.3f}", guess, met, per_q])
+        seeds = len(v["seeds_done"])
+        verdict_text = ("**test bed**" if v["test_bed"] else "**not a test bed**") if v["complete"] else \
+            f"open ({seeds} of 3 seeds)"
+        body.append([f"`{task}`", "verdict", verdict_text, "", "", "", "", "", "", "", "", ""])
+    return table(["task", "model", "accuracy [95% CI]", "pooled AUROC", "per-question AUROC", "ECE", "E-AURC",
+                  "mean tokens", "finished", "guessable accuracy / modal share", "criterion met (failed checks)",
+                  "per-question AUROC fell >= 0.03"], body)
+
+
 def render_recommended() -> str:
     """The one recommended configuration for a real model, with its evidence and limits per setting
     (capo_trl.training.defaults.RECOMMENDED and RECOMMENDATION): the same block on every page that recommends."""
@@ -488,6 +517,7 @@ RENDER = {"arithmetic-200-steps": render_main, "grader-noise-1-seed": render_noi
           "guess-pilot-600-steps": lambda: render_pilot(600), "guess-pilot-1000-steps": lambda: render_pilot(1000),
           "guess-half-comparison": render_testbed_compare, "smollm2-start": render_real_start,
           "smollm2-start-mask": render_real_mask, "smollm2-calibrate-mask": render_real_calibrate, "smollm2-sweep": render_real_sweep,
+          "smollm2-pilot": render_real_pilot,
           **TESTBED_RENDER}
 
 
