@@ -1,13 +1,14 @@
 """One RL step on a real model (SmolLM2-135M-Instruct, LoRA, CPU): CAPOTrainer against TRL's GRPOTrainer, and the levers.
 
-Every variant trains the SmolLM2 recipe's setting (``examples/recipes/capo-smollm2-135m-lora-cpu.yaml``:
+Every variant trains the SmolLM2 recipes' setting (``examples/recipes/capo-smollm2-135m-lora-cpu.yaml``:
 LoRA r 16 on the top 4 layers, 32 completions of <= 32 tokens a step, the ``addition`` task's
 two-shot chat prompt) for ``--steps`` steps at learning rate 0, so every variant draws the same
 completions and only the cost differs; variants run round by round in one process, one thread
 (one core), so drift hits them alike. The first step of each variant is a warm-up and is not
 counted. Printed per variant: seconds per step and its parts (generation, split into prompt
 prefill and decoding; the rollout's scoring and rewards; the loss forward; backward and the
-optimizer), then the ratios the targets name: CAPO / GRPO, and each lever against the recipe.
+optimizer), then the ratios the targets name: CAPO's recipe / GRPO's recipe (the same levers), each
+against TRL's GRPOTrainer at its defaults, and each lever turned off against the recipe.
 
     capo-trl fetch-model smollm2-135m-instruct
     python benchmarks/bench_real_step.py [--steps 2] [--rounds 1] [--variants NAME,NAME] [--tied]
@@ -40,31 +41,35 @@ CAPO = dict(advantage_estimator="capo", tau=0.5, tau_mode="relative", advantage_
 RECIPE = dict(num_generations=8, per_device_train_batch_size=32, max_completion_length=32, temperature=1.0, beta=0.0,
               learning_rate=0.0, lr_scheduler_type="constant", use_cpu=True, bf16=False, report_to="none",
               logging_steps=100, save_strategy="no", activation_checkpointing=False, disable_tqdm=True)
-# name -> (trainer, its config's extra fields, LoRA target modules, weights' dtype)
+SHARED = {"share_prompt_prefill": True, "share_prompt_in_loss": True}
+# name -> (trainer, its config's extra fields, LoRA target modules, weights' dtype). "recipe": as the SmolLM2
+# recipes ship (each prompt prefilled once for its samples and forwarded once in the loss, tied rows skipped).
 VARIANTS = {
     "TRL GRPOTrainer": ("trl", {}, TOP4, torch.float32),
-    "CAPO (recipe, no shared prefill)": ("capo", CAPO, TOP4, torch.float32),
-    "CAPO recipe": ("capo", {**CAPO, "share_prompt_prefill": True}, TOP4, torch.float32),
-    "grpo in CAPOTrainer, shared prefill": ("capo", {"advantage_estimator": "grpo", "share_prompt_prefill": True}, TOP4,
-                                            torch.float32),
-    "CAPO recipe + prompt shared in the loss": ("capo", {**CAPO, "share_prompt_prefill": True,
-                                                         "share_prompt_in_loss": True}, TOP4, torch.float32),
+    "GRPO recipe": ("capo", {"advantage_estimator": "grpo", **SHARED, "skip_zero_advantage_rows": True}, TOP4,
+                    torch.float32),
+    "CAPO recipe": ("capo", {**CAPO, **SHARED}, TOP4, torch.float32),
+    "CAPO recipe w/o prompt sharing in the loss": ("capo", {**CAPO, "share_prompt_prefill": True}, TOP4, torch.float32),
+    "CAPO recipe w/o prompt sharing": ("capo", CAPO, TOP4, torch.float32),
+    # activation checkpointing and sharing the prompt in the loss exclude each other
     "CAPO recipe + activation checkpointing": ("capo", {**CAPO, "share_prompt_prefill": True,
-                                                        "activation_checkpointing": True}, TOP4, torch.float32),
-    "CAPO recipe, LoRA on all layers": ("capo", {**CAPO, "share_prompt_prefill": True}, "all-linear", torch.float32),
-    "CAPO recipe, 16 completions": ("capo", {**CAPO, "share_prompt_prefill": True, "per_device_train_batch_size": 16},
-                                    TOP4, torch.float32),
-    "CAPO recipe, bf16 weights": ("capo", {**CAPO, "share_prompt_prefill": True}, TOP4, torch.bfloat16),
+                                                       "activation_checkpointing": True}, TOP4, torch.float32),
+    "CAPO recipe + LoRA on all layers": ("capo", {**CAPO, **SHARED}, "all-linear", torch.float32),
+    "CAPO recipe + 16 completions": ("capo", {**CAPO, **SHARED, "per_device_train_batch_size": 16}, TOP4,
+                                    torch.float32),
+    "CAPO recipe + bf16 weights": ("capo", {**CAPO, **SHARED}, TOP4, torch.bfloat16),
 }
-PAIRS = [("CAPO (recipe, no shared prefill)", "TRL GRPOTrainer"), ("CAPO recipe", "TRL GRPOTrainer"),
-         ("CAPO recipe", "CAPO (recipe, no shared prefill)"),
-         ("CAPO recipe + prompt shared in the loss", "CAPO recipe"),
-         ("CAPO recipe + prompt shared in the loss", "TRL GRPOTrainer"),
-         ("CAPO recipe + activation checkpointing", "CAPO recipe"), ("CAPO recipe, LoRA on all layers", "CAPO recipe"),
-         ("CAPO recipe, 16 completions", "CAPO recipe"), ("CAPO recipe, bf16 weights", "CAPO recipe")]
+PAIRS = [("CAPO recipe", "GRPO recipe"), ("GRPO recipe", "TRL GRPOTrainer"), ("CAPO recipe", "TRL GRPOTrainer"),
+         ("CAPO recipe w/o prompt sharing in the loss", "CAPO recipe"),
+         ("CAPO recipe w/o prompt sharing", "CAPO recipe"),
+         ("CAPO recipe w/o prompt sharing", "CAPO recipe w/o prompt sharing in the loss"),
+         ("CAPO recipe + activation checkpointing", "CAPO recipe w/o prompt sharing in the loss"),
+         ("CAPO recipe + LoRA on all layers", "CAPO recipe"), ("CAPO recipe + 16 completions", "CAPO recipe"),
+         ("CAPO recipe + bf16 weights", "CAPO recipe")]
+assert not any("," in name for name in VARIANTS)  # --variants splits on commas
 # the default set; bf16 only where the CPU computes it natively (else ask for it by name)
-DEFAULT = ["TRL GRPOTrainer", "CAPO (recipe, no shared prefill)", "CAPO recipe", "CAPO recipe + prompt shared in the loss",
-           "CAPO recipe + activation checkpointing", "CAPO recipe, 16 completions"]
+DEFAULT = ["TRL GRPOTrainer", "GRPO recipe", "CAPO recipe", "CAPO recipe w/o prompt sharing in the loss",
+           "CAPO recipe w/o prompt sharing", "CAPO recipe + activation checkpointing", "CAPO recipe + 16 completions"]
 
 
 def cpu_has_bf16() -> bool:
@@ -156,7 +161,7 @@ def main(argv=None):
     parser.add_argument("--tied", action="store_true", help="half of the groups tie")
     parser.add_argument("--model", default="smollm2-135m-instruct")
     args = parser.parse_args(argv)
-    names = args.variants.split(",") if args.variants else DEFAULT + (["CAPO recipe, bf16 weights"] * cpu_has_bf16())
+    names = args.variants.split(",") if args.variants else DEFAULT + (["CAPO recipe + bf16 weights"] * cpu_has_bf16())
     unknown = [n for n in names if n not in VARIANTS]
     if unknown or args.steps < 2:
         sys.exit(f"unknown variants {unknown} (choose from {list(VARIANTS)}), or --steps < 2")

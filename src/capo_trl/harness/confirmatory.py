@@ -161,7 +161,9 @@ def analyse(folder: Path, plan: Plan) -> dict:
     safety = {k: {arm: _contrast(runs, seeds, k, arm, ref) for arm in list(plan.arms)[1:]} for k in plan.safety}
     collapse = {arm: [s for s in seeds if runs[arm][s]["mean_tokens"] >= plan.collapse_tokens] for arm in plan.arms}
     keys = (plan.primary[0], *plan.safety, "guessable/modal_share", "mean_tokens", *plan.descriptive)
-    means = {arm: {k: float(np.mean([runs[arm][s][k] for s in seeds])) for k in keys} for arm in plan.arms}
+    # a key a task has no items for (the guessable ones of a plain task) is nan, not an error
+    means = {arm: {k: float(np.mean([runs[arm][s].get(k, math.nan) for s in seeds])) for k in keys}
+             for arm in plan.arms}
     incomplete = sorted({s for r in runs.values() for s in r} - set(seeds))
     stop = holds or final
     out.update(look={"index": index, "name": "final" if final or index == len(plan.looks) - 1 else "interim",
