@@ -173,3 +173,33 @@ def test_the_redraw_plan_is_its_protocols_command():
     protocol = (Path(__file__).parents[1] / "docs/results/guess-redraw-pilot/protocol.md").read_text()
     assert f"--methods {','.join(cf.REDRAW_STUDY.arms.values())} \\\n  --seeds $(seq 0 11)" in protocol
     assert cf.REDRAW_STUDY.looks == ((12, 0.05),)
+
+
+def test_a_plain_task_has_no_guessable_means_and_a_run_that_never_finishes_collapsed(tmp_path):
+    """A real model's plan: a plain task has no guessable items (those means are nan, not an error), and a run
+    whose samples mostly never finish collapsed even when their mean length is under the token limit."""
+    arms = ("grpo", "capo-nomask", "capo-mask-paper", "capo-mask-measured")
+    plan = cf.Plan(arms={a: a for a in arms}, primary=("auroc", "capo-nomask", "grpo"), looks=((12, 0.05),),
+                   secondaries=(("auroc_question", "capo-nomask", "grpo"), ("ece", "capo-nomask", "grpo"),
+                                ("e_aurc", "capo-nomask", "grpo"), ("auroc", "capo-mask-paper", "capo-nomask"),
+                                ("auroc", "capo-mask-measured", "capo-nomask")),
+                   deadline="2027-01-01T00:00:00+00:00", collapse_tokens=30.0, min_finished=0.5,
+                   descriptive=("auroc_question", "ece", "e_aurc", "finished_frac", "derivable/accuracy"))
+    seeds = list(range(100, 112))
+    (tmp_path / "config.json").write_text(json.dumps({"methods": list(plan.arms.values()), "seeds": seeds}))
+    keys = ("auroc", "accuracy", "auroc_question", "ece", "e_aurc", "mean_tokens", "finished_frac", "derivable/accuracy")
+    (tmp_path / "start.json").write_text(json.dumps({k: 0.5 for k in keys}))
+    for s in seeds:
+        for i, arm in enumerate(plan.arms):
+            rng = np.random.default_rng(10 * s + i)
+            rec = {k: 0.5 + rng.uniform(0, 0.02) for k in keys} | {"auroc": 0.75 + 0.04 * (arm == "capo-nomask") + rng.normal(0, 0.01),
+                                            "mean_tokens": 24.0, "finished_frac": 0.3 if (arm, s) == ("grpo", 103) else 0.99,
+                                            "mask": {}}
+            (tmp_path / arm).mkdir(exist_ok=True)
+            (tmp_path / arm / f"seed{s}.json").write_text(json.dumps(rec))
+    a = cf.analyse(tmp_path, plan)
+    assert (a["look"]["name"], a["look"]["seeds"]) == ("final", seeds) and a["primary"]["holds"]
+    assert a["collapse"] == {"grpo": [103], "capo-nomask": [], "capo-mask-paper": [], "capo-mask-measured": []}
+    assert math.isnan(a["means"]["grpo"]["guessable/modal_share"]) and 0.5 <= a["means"]["grpo"]["derivable/accuracy"] < 0.52
+    assert [c["endpoint"] for c in a["secondary"]] == ["auroc_question", "ece", "e_aurc", "auroc", "auroc"]
+    assert "or less than 0.5 of its samples finished" in cf.render(a, plan)

@@ -47,7 +47,8 @@ class Plan:
     deadline: str
     family_alpha: float = 0.05
     safety: tuple = ("accuracy",)
-    collapse_tokens: float = 36.0  # a run whose mean completion length on the test split is at least this
+    collapse_tokens: float = 36.0  # a run whose mean completion length on the test split is at least this ...
+    min_finished: float = 0.0  # ... or whose share of samples that ended (EOS) within the limit is below this
     descriptive: tuple = ("e_aurc", "ece", "auroc_question", "coverage@0.8", "derivable/accuracy",
                           "guessable/accuracy", "derivable/mean_score", "guessable/mean_score")
 
@@ -159,7 +160,8 @@ def analyse(folder: Path, plan: Plan) -> dict:
         c["holm_p"], c["rejected"] = adjusted[i], holds and adjusted[i] < plan.family_alpha
     ref = next(iter(plan.arms))
     safety = {k: {arm: _contrast(runs, seeds, k, arm, ref) for arm in list(plan.arms)[1:]} for k in plan.safety}
-    collapse = {arm: [s for s in seeds if runs[arm][s]["mean_tokens"] >= plan.collapse_tokens] for arm in plan.arms}
+    collapse = {arm: [s for s in seeds if runs[arm][s]["mean_tokens"] >= plan.collapse_tokens
+                      or runs[arm][s].get("finished_frac", 1.0) < plan.min_finished] for arm in plan.arms}
     keys = (plan.primary[0], *plan.safety, "guessable/modal_share", "mean_tokens", *plan.descriptive)
     # a key a task has no items for (the guessable ones of a plain task) is nan, not an error
     means = {arm: {k: float(np.mean([runs[arm][s].get(k, math.nan) for s in seeds])) for k in keys}
@@ -236,8 +238,9 @@ def render(analysis: dict, plan: Plan) -> str:
                         [[f"{c['arm']} - {c['minus']}", c["endpoint"], _iv(c), f"{c['p']:.4f}", f"{c['holm_p']:.4f}",
                           "yes" if c["rejected"] else "no"] for c in analysis["secondary"]])
     ref = next(iter(plan.arms))
+    ended = f" or less than {plan.min_finished:g} of its samples finished" if plan.min_finished else ""
     lines += ["", f"Safety, against `{ref}`: mean [95% t interval]; collapse = mean completion length on the test "
-              f"split >= {plan.collapse_tokens:g} tokens.", ""]
+              f"split >= {plan.collapse_tokens:g} tokens{ended}.", ""]
     lines += _table(["arm", *plan.safety, "collapsed runs"],
                     [[arm] + [_iv(analysis["safety"][k][arm]) if arm != ref else "(reference)" for k in plan.safety]
                      + [f"{len(analysis['collapse'][arm])} of {n}"] for arm in plan.arms])
