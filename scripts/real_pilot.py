@@ -1,9 +1,12 @@
-"""The real model's pilot (docs/results/smollm2-pilot/protocol.md): GRPO on each real-model task, one run per seed.
+"""The real model's pilots (docs/results/smollm2-pilot*/protocol.md): GRPO on each real-model task, one run per seed.
 
     python scripts/real_pilot.py run TASK SEED --runs runs/pilot   # train (resumes), test, keep the record
     python scripts/real_pilot.py verdict                           # the criterion over the kept records
+    python scripts/real_pilot.py run TASK SEED --pilot smollm2-pilot2 --runs runs/pilot2   # the second pilot
 
-``run`` trains with the GRPO recipe (``--dataset_name TASK --seed SEED``, the protocol's steps), resuming from
+``--pilot`` names the pilot (``PILOTS``: its folder under docs/results/ and the flags it adds to the recipe; the
+first by default). ``run`` trains with the GRPO recipe (``--dataset_name TASK --seed SEED``, the protocol's steps,
+the pilot's flags), resuming from
 the run's last checkpoint when it has one, then evaluates the trained adapter on the test split exactly as
 the start model was evaluated (docs/results/smollm2-start/: the first 256 test problems x 8 samples,
 temperature 1, 32 new tokens, evaluation seed 0), and writes ``TASK-seedSEED.json`` (the test metrics, per
@@ -25,7 +28,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "docs" / "results" / "smollm2-pilot"
+RESULTS = ROOT / "docs" / "results"
+# pilot -> the flags it adds to the recipe. The second adds TRL's mask_truncated_completions: in the first, one
+# seed of each task stopped ending its answers (every test sample ran to the token limit).
+PILOTS = {"smollm2-pilot": [], "smollm2-pilot2": ["--mask_truncated_completions", "true"]}
+OUT = RESULTS / "smollm2-pilot"  # the first pilot's folder
 START = ROOT / "docs" / "results" / "smollm2-start"
 RECIPE = "examples/recipes/grpo-smollm2-135m-lora-cpu.yaml"
 TASKS = ("addition", "addition-guess-half")
@@ -63,22 +70,22 @@ def record(report: dict, samples_csv: Path, task: str) -> dict:
     return {**out, **{k: v for k, v in kinds.items() if not (isinstance(v, float) and math.isnan(v))}}
 
 
-def train(task: str, seed: int, run: Path) -> None:
+def train(task: str, seed: int, run: Path, flags: list[str]) -> None:
     args = ["capo-trl", "train", "--config", RECIPE, "--dataset_name", task, "--seed", str(seed),
-            "--max_steps", str(STEPS), "--output_dir", str(run)]
+            "--max_steps", str(STEPS), "--output_dir", str(run), *flags]
     if any(run.glob("checkpoint-*")):
         args += ["--resume_from_checkpoint", "last"]
     with open(run.parent / f"{run.name}.train.log", "a") as log:
         subprocess.run(args, check=True, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
 
 
-def run_one(task: str, seed: int, runs: Path) -> Path:
+def run_one(task: str, seed: int, runs: Path, out: Path = OUT) -> Path:
     run = runs / f"{task}-seed{seed}"
     run.mkdir(parents=True, exist_ok=True)
     times = json.loads((run / "times.json").read_text()) if (run / "times.json").is_file() else {}
     if not (run / "train.done").is_file():
         t0 = time.time()
-        train(task, seed, run)
+        train(task, seed, run, PILOTS[out.name])
         times.setdefault("train_s", []).append(round(time.time() - t0))
         (run / "train.done").write_text("")
         (run / "times.json").write_text(json.dumps(times) + "\n")
@@ -91,11 +98,11 @@ def run_one(task: str, seed: int, runs: Path) -> Path:
     checkpoint = max(run.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
     state = json.loads((checkpoint / "trainer_state.json").read_text())
     log = [{"step": r["step"], **{k: r[k] for k in TRAIN_LOG if k in r}} for r in state["log_history"] if "reward" in r]
-    kept = {"task": task, "seed": seed, "global_step": state["global_step"], "recipe": RECIPE,
+    kept = {"task": task, "seed": seed, "global_step": state["global_step"], "recipe": RECIPE, "flags": PILOTS[out.name],
             **record(json.loads((run / "test" / "report.json").read_text()), run / "test" / "samples.csv", task),
             "train": log, **times}
-    OUT.mkdir(parents=True, exist_ok=True)
-    path = OUT / f"{task}-seed{seed}.json"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{task}-seed{seed}.json"
     path.write_text(json.dumps(kept, indent=1) + "\n")
     return path
 
@@ -111,12 +118,12 @@ def moved(start: float, final: float, direction: int, margin: float) -> bool:
     return direction * (final - start) >= margin - 1e-12
 
 
-def verdict() -> dict:
+def verdict(folder: Path = OUT) -> dict:
     """Per task: each seed's checks, and whether the task is a test bed (every required check on every seed)."""
     out = {}
     for task in TASKS:
         start = start_record(task)
-        finals = {s: json.loads(p.read_text()) for s in SEEDS if (p := OUT / f"{task}-seed{s}.json").is_file()}
+        finals = {s: json.loads(p.read_text()) for s in SEEDS if (p := folder / f"{task}-seed{s}.json").is_file()}
         per_seed = {}
         for seed, final in finals.items():
             checks = {name: moved(start[k], final[k], d, m) for name, (k, d, m) in REQUIRED.items()}
@@ -139,14 +146,17 @@ def main(argv: list[str]) -> int:
     one.add_argument("task", choices=TASKS)
     one.add_argument("seed", type=int, choices=SEEDS)
     one.add_argument("--runs", default="runs/pilot", help="where the runs' folders go (outside git)")
-    sub.add_parser("verdict")
+    decide = sub.add_parser("verdict")
+    for p in (one, decide):
+        p.add_argument("--pilot", choices=list(PILOTS), default="smollm2-pilot")
     args = parser.parse_args(argv)
+    out = RESULTS / args.pilot
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.what == "run":
-        print(f"wrote {run_one(args.task, args.seed, Path(args.runs).resolve())}")
+        print(f"wrote {run_one(args.task, args.seed, Path(args.runs).resolve(), out)}")
     else:
-        result = verdict()
-        (OUT / "verdict.json").write_text(json.dumps(result, indent=1) + "\n")
+        result = verdict(out)
+        (out / "verdict.json").write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps({t: {k: v[k] for k in ("seeds_done", "test_bed", "loses_per_question")} for t, v in result.items()}))
     return 0
 

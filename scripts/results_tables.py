@@ -457,13 +457,13 @@ def render_real_sweep() -> str:
 PILOT = RESULTS / "smollm2-pilot"
 
 
-def render_real_pilot() -> str:
-    """The real model's pilot (smollm2-pilot/<task>-seed<k>.json, verdict.json; scripts/real_pilot.py): per task,
-    the start and each GRPO seed on the test split, and each seed's checks of the pre-registered criterion."""
-    verdict = json.loads((PILOT / "verdict.json").read_text())
+def render_real_pilot(folder: Path = PILOT) -> str:
+    """A real model's pilot (<folder>/<task>-seed<k>.json, verdict.json; scripts/real_pilot.py): per task, the
+    start and each GRPO seed on the test split, and each seed's checks of the pre-registered criterion."""
+    verdict = json.loads((folder / "verdict.json").read_text())
     body = []
     for task, v in verdict.items():
-        runs = [("start", v["start"], None)] + [(f"GRPO seed {s}", json.loads((PILOT / f"{task}-seed{s}.json").read_text()),
+        runs = [("start", v["start"], None)] + [(f"GRPO seed {s}", json.loads((folder / f"{task}-seed{s}.json").read_text()),
                                                  v["per_seed"][str(s)]) for s in v["seeds_done"]]
         for label, m, checks in runs:
             guess = f"{m['guessable/accuracy']:.3f} / {m['guessable/modal_share']:.3f}" if "guessable/accuracy" in m else "-"
@@ -518,6 +518,7 @@ RENDER = {"arithmetic-200-steps": render_main, "grader-noise-1-seed": render_noi
           "guess-half-comparison": render_testbed_compare, "smollm2-start": render_real_start,
           "smollm2-start-mask": render_real_mask, "smollm2-calibrate-mask": render_real_calibrate, "smollm2-sweep": render_real_sweep,
           "smollm2-pilot": render_real_pilot,
+          "smollm2-pilot2": lambda: render_real_pilot(RESULTS / "smollm2-pilot2"),
           **TESTBED_RENDER}
 
 
