@@ -70,3 +70,9 @@ def test_the_comparison_tells_drift_from_change():
     assert changed(lambda r: r["steps"][2].pop("loss"))
     assert changed(lambda r: r.__setitem__("weight_abs_sum", r["weight_abs_sum"] * (1 + 1e-4)))
     assert changed(lambda r: r["steps"][0].__setitem__("grad_norm", r["steps"][0]["grad_norm"] * (1 + 1e-6))) == []
+    # the std of the rewards: one float32 ulp between CPUs is drift; a changed reward (a 1e-3 move or more) is not
+    assert changed(lambda r: r["steps"][0].__setitem__("reward_std", r["steps"][0]["reward_std"] * (1 + 7.4e-8))) == []
+    assert changed(lambda r: r["steps"][0].__setitem__("reward_std", r["steps"][0]["reward_std"] + 1e-3))
+    key = next(k for k in base["steps"][0] if k.startswith("rewards/") and k.endswith("/std"))
+    assert changed(lambda r: r["steps"][0].__setitem__(key, r["steps"][0][key] + 1e-4))
+    assert changed(lambda r: r["steps"][0].__setitem__("reward", r["steps"][0]["reward"] + 1e-9))
