@@ -483,6 +483,14 @@ def render_real_pilot(folder: Path = PILOT) -> str:
                   "per-question AUROC fell >= 0.03"], body)
 
 
+def render_real_study() -> str:
+    """The real model's confirmatory study: the protocol's analysis of its committed run files."""
+    from capo_trl.harness import confirmatory
+
+    folder = RESULTS / "smollm2-study"
+    return confirmatory.render(confirmatory.analyse(folder, confirmatory.REAL_STUDY), confirmatory.REAL_STUDY)
+
+
 def render_recommended() -> str:
     """The one recommended configuration for a real model, with its evidence and limits per setting
     (capo_trl.training.defaults.RECOMMENDED and RECOMMENDATION): the same block on every page that recommends."""
@@ -517,7 +525,7 @@ RENDER = {"arithmetic-200-steps": render_main, "grader-noise-1-seed": render_noi
           "guess-pilot-600-steps": lambda: render_pilot(600), "guess-pilot-1000-steps": lambda: render_pilot(1000),
           "guess-half-comparison": render_testbed_compare, "smollm2-start": render_real_start,
           "smollm2-start-mask": render_real_mask, "smollm2-calibrate-mask": render_real_calibrate, "smollm2-sweep": render_real_sweep,
-          "smollm2-pilot": render_real_pilot,
+          "smollm2-pilot": render_real_pilot, "smollm2-study": render_real_study,
           "smollm2-pilot2": lambda: render_real_pilot(RESULTS / "smollm2-pilot2"),
           **TESTBED_RENDER}
 

@@ -17,7 +17,8 @@ analysis shows depends only on those files, so anyone re-renders it from a clone
     python -m capo_trl.harness.confirmatory report --into docs/results/guess-half-mask-study
     python -m capo_trl.harness.confirmatory close --into docs/results/guess-half-mask-study
 
-The plan is the folder's name (``PLANS``): ``guess-half-mask-study`` and ``guess-redraw-study``.
+The plan is the folder's name (``PLANS``): ``guess-half-mask-study``, ``guess-redraw-study`` and
+``smollm2-study`` (the real model's; its runs come from ``scripts/real_study.py``, not the test-bed runner).
 """
 
 from __future__ import annotations
@@ -73,7 +74,22 @@ MASK_STUDY = Plan(
 # 12 seeds, no interim look, no secondaries; the deadline was added before its first run (its page says so).
 REDRAW_STUDY = Plan(arms={"grpo": "grpo", "capo-nomask": "capo-nomask"}, primary=("auroc", "capo-nomask", "grpo"),
                     looks=((12, 0.05),), secondaries=(), deadline="2027-01-15T00:00:00+00:00")
-PLANS = {"guess-half-mask-study": MASK_STUDY, "guess-redraw-study": REDRAW_STUDY}
+# The real model's study (smollm2-study/protocol.md): SmolLM2-135M-Instruct (dequantised Q4_1) with LoRA on the
+# task its pilot found a test bed; every arm on every seed (100 onwards: the pilot's seeds chose the task), no
+# interim look; a run collapsed if its test completions average 30 of the 32 tokens or fewer than half finish.
+REAL_STUDY = Plan(
+    arms={"grpo": "grpo", "capo-nomask": "capo-nomask", "capo-mask-paper": "capo-mask-paper",
+          "capo-mask-measured": "capo-mask-measured"},
+    primary=("auroc", "capo-nomask", "grpo"),
+    looks=((12, 0.05),),
+    secondaries=(("auroc_question", "capo-nomask", "grpo"), ("ece", "capo-nomask", "grpo"),
+                 ("e_aurc", "capo-nomask", "grpo"), ("auroc", "capo-mask-paper", "capo-nomask"),
+                 ("auroc", "capo-mask-measured", "capo-nomask")),
+    deadline="2026-12-31T00:00:00+00:00",
+    collapse_tokens=30.0, min_finished=0.5,
+    descriptive=("auroc_question", "ece", "e_aurc", "finished_frac", "derivable/accuracy", "guessable/accuracy"),
+)
+PLANS = {"guess-half-mask-study": MASK_STUDY, "guess-redraw-study": REDRAW_STUDY, "smollm2-study": REAL_STUDY}
 
 
 def check_config(folder: Path, plan: Plan) -> dict:
