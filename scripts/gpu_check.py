@@ -12,7 +12,7 @@ Why random weights: the check measures what CAPO adds to a step (reference forwa
 advantage), which does not depend on what the model knows; a download is not possible on the target
 machines. Completions of a random model rarely stop early, so both methods process the same tokens.
 
-    python scripts/gpu_check.py --out runs/gpu_check          # on a GPU (about 2-4 minutes)
+    python scripts/gpu_check.py --out runs/gpu_check          # on a GPU (about 5 minutes on an H200)
     python scripts/gpu_check.py --cpu-smoke --out /tmp/smoke  # 1 tiny step per method on CPU (tested)
 """
 
@@ -27,6 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -148,6 +149,14 @@ def zero3_config(cpu: bool) -> dict:
             "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"}
 
 
+def installed(name: str) -> str:
+    """The version the check ran with (the GPU machine's image mixes its own packages with carried wheels)."""
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed"
+
+
 def run_method(variant: str, model_path: str, out_dir: Path, opts) -> dict:
     """Train ``warmup + steps`` steps of one variant; statistics over the steps after warm-up."""
     estimator, mask, lora, zero3 = VARIANTS[variant]
@@ -211,20 +220,20 @@ def main(argv=None) -> int:
     parser.add_argument("--cpu-smoke", action="store_true",
                         help="tiny model, 1 step per method on CPU: checks the script, measures nothing")
     parser.add_argument("--out", default="runs/gpu_check", help="directory for gpu_check.json")
-    parser.add_argument("--steps", type=int, default=None, help="measured steps per method (default 5; smoke 1)")
+    parser.add_argument("--steps", type=int, default=None, help="measured steps per method (default 4; smoke 1)")
     parser.add_argument("--warmup", type=int, default=None, help="unmeasured first steps (default 1; smoke 0)")
     parser.add_argument("--prompts", type=int, default=None, help="prompts per step (default 8; smoke 2)")
     parser.add_argument("--num-generations", type=int, default=8)
-    parser.add_argument("--completion-length", type=int, default=None, help="max new tokens (default 256; smoke 8)")
+    parser.add_argument("--completion-length", type=int, default=None, help="max new tokens (default 128; smoke 8)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help=f"comma-separated subset of {', '.join(VARIANTS)}")
     opts = parser.parse_args(argv)
     smoke = opts.cpu_smoke
-    opts.steps = opts.steps if opts.steps is not None else (1 if smoke else 5)
+    opts.steps = opts.steps if opts.steps is not None else (1 if smoke else 4)
     opts.warmup = opts.warmup if opts.warmup is not None else (0 if smoke else 1)
     opts.prompts = opts.prompts if opts.prompts is not None else (2 if smoke else 8)
-    opts.completion_length = opts.completion_length or (8 if smoke else 256)
+    opts.completion_length = opts.completion_length or (8 if smoke else 128)
     if smoke:
         from capo_trl.testing.deepspeed_cpu import skip_shm_comm_op
 
@@ -238,34 +247,45 @@ def main(argv=None) -> int:
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
+    results: dict = {}
+    n_params = 0
+
+    def ratio(a, b, key):
+        x, y = results.get(a, {}).get(key), results.get(b, {}).get(key)
+        return x / y if x and y else None
+
+    def write_report() -> dict:
+        """Written after every variant: a run stopped at its time limit keeps what it measured."""
+        ratios = {f"{name}_over_{base}": {"step_time": ratio(name, base, "step_time_s"),
+                                           "peak_memory": ratio(name, base, "peak_memory_gib")}
+                  for name, base in BASELINE.items() if name in results and base in results}
+        report = {
+            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() and not smoke else "cpu",
+            "mode": "cpu-smoke" if smoke else "gpu",
+            "versions": {name: installed(name) for name in ("torch", "transformers", "trl", "accelerate", "peft",
+                                                            "deepspeed", "capo-trl")},
+            "parameters": n_params,
+            "settings": {k: getattr(opts, k) for k in ("steps", "warmup", "prompts", "num_generations",
+                                                       "completion_length", "seed")},
+            "results": results,
+            "ratios": ratios,
+            "wall_s": time.time() - started,
+        }
+        (out / "gpu_check.json").write_text(json.dumps(report, indent=2))
+        return report
+
     with tempfile.TemporaryDirectory() as tmp:
         model_path, n_params = build_model(Path(tmp) / "model", "tiny" if smoke else "real", opts.seed)
-        results = {}
         for name in [v for v in VARIANTS if v in opts.variants.split(",")]:
             try:
                 results[name] = run_method(name, model_path, Path(tmp) / name, opts)
             except Exception as err:  # one failing variant must not lose the others' numbers
                 results[name] = {"variant": name, "error": f"{type(err).__name__}: {err}"[:2000]}
                 print(f"gpu_check: {name} failed: {results[name]['error']}", file=sys.stderr)
-
-    def ratio(a, b, key):
-        x, y = results.get(a, {}).get(key), results.get(b, {}).get(key)
-        return x / y if x and y else None
-
-    ratios = {f"{name}_over_{base}": {"step_time": ratio(name, base, "step_time_s"),
-                                       "peak_memory": ratio(name, base, "peak_memory_gib")}
-              for name, base in BASELINE.items() if name in results and base in results}
-    report = {
-        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() and not smoke else "cpu",
-        "mode": "cpu-smoke" if smoke else "gpu",
-        "parameters": n_params,
-        "settings": {k: getattr(opts, k) for k in ("steps", "warmup", "prompts", "num_generations",
-                                                   "completion_length", "seed")},
-        "results": results,
-        "ratios": ratios,
-        "wall_s": time.time() - started,
-    }
-    (out / "gpu_check.json").write_text(json.dumps(report, indent=2))
+            print(f"gpu_check: {name} done at {time.time() - started:.0f} s", flush=True)
+            write_report()
+    report = write_report()
+    ratios = report["ratios"]
     print(f"gpu_check ({report['mode']}, {report['device']}, {n_params / 1e6:.0f}M parameters, "
           f"{opts.prompts} prompts x {opts.num_generations} completions of <= {opts.completion_length} tokens)")
     print(f"{'variant':>12} {'step s':>8} {'tokens/s':>10} {'peak GiB':>9}")

@@ -483,6 +483,32 @@ def render_real_pilot(folder: Path = PILOT) -> str:
                   "per-question AUROC fell >= 0.03"], body)
 
 
+def render_gpu_check() -> str:
+    """scripts/gpu_check.sh's step costs on one GPU (gpu-check/gpu_check.json): a variant the time limit cut off
+    is listed as not reached, never left out."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # its variants, in the order it runs them, and which GRPO each is compared with
+    variants, baseline = module.VARIANTS, module.BASELINE
+    report = summary("gpu-check/gpu_check.json")
+    body = []
+    for name, (estimator, mask, lora, zero3) in variants.items():
+        kind = [estimator, "on" if mask else "off", "yes" if lora else "no", "yes" if zero3 else "no"]
+        r = report["results"].get(name)
+        if r is None or "error" in r:
+            body.append([name, *kind, "not reached before the time limit" if r is None else "failed", "", "", "", ""])
+            continue
+        base = report["ratios"].get(f"{name}_over_{baseline.get(name)}", {})
+        ratio = (f"{base['step_time']:.2f}x / {base['peak_memory']:.2f}x vs {baseline[name]}"
+                 if base.get("step_time") else "-")
+        body.append([name, *kind, f"{r['steps_measured']}: " + ", ".join(f"{t:.2f}" for t in r["step_times_s"]),
+                     f"{r['step_time_s']:.2f}", f"{r['tokens_per_s']:.0f}", f"{r['peak_memory_gib']:.2f}", ratio])
+    return table(["variant", "estimator", "noise mask", "LoRA", "ZeRO-3", "measured steps: seconds each",
+                  "median s/step", "tokens/s", "peak GiB", "step time / peak memory"], body)
+
+
 def render_real_study() -> str:
     """The real model's confirmatory study: the protocol's analysis of its committed run files."""
     from capo_trl.harness import confirmatory
@@ -526,7 +552,7 @@ RENDER = {"arithmetic-200-steps": render_main, "grader-noise-1-seed": render_noi
           "guess-half-comparison": render_testbed_compare, "smollm2-start": render_real_start,
           "smollm2-start-mask": render_real_mask, "smollm2-calibrate-mask": render_real_calibrate, "smollm2-sweep": render_real_sweep,
           "smollm2-pilot": render_real_pilot, "smollm2-study": render_real_study,
-          "smollm2-pilot2": lambda: render_real_pilot(RESULTS / "smollm2-pilot2"),
+          "smollm2-pilot2": lambda: render_real_pilot(RESULTS / "smollm2-pilot2"), "gpu-check": render_gpu_check,
           **TESTBED_RENDER}
 
 

@@ -5,6 +5,8 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# On CUDA, transformers swaps in Hub kernels at from_pretrained by default; offline none can be fetched.
+os.environ.setdefault("USE_HUB_KERNELS", "NO")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -502,6 +502,26 @@ def test_train_on_gpu_in_bf16(tiny_model_dir, problems_file, tmp_path):
 
 
 @pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("config", ["fsdp2", "zero3"])
+def test_sharded_launch_on_one_gpu(tiny_model_dir, problems_file, tmp_path, config):
+    """The shipped FSDP2 / ZeRO-3 accelerate configs through `capo-trl train` on one GPU: the reference copy
+    is sharded with the policy (noise mask on), it trains in bf16 and writes a loadable model."""
+    from transformers import AutoModelForCausalLM
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent / "src"), str(HERE),
+                                                        os.environ.get("PYTHONPATH", "")]), "HF_HUB_OFFLINE": "1"}
+    out = tmp_path / "out"
+    stdout = run_group([sys.executable, "-m", "capo_trl", "train", "--accelerate_config",
+                        str(HERE.parent / "examples" / "accelerate" / f"{config}.yaml"), "--num_processes", "1",
+                        "--main_process_port", str(free_port()),
+                        *job(tiny_model_dir, problems_file, out, "--max_steps", "2", "--save_strategy", "no",
+                             "--bf16", "true", "--use_cpu", "false")], env, timeout=240)
+    assert "2 steps on 1 process" in stdout and "capo/ref_ppl_mean" in stdout
+    assert AutoModelForCausalLM.from_pretrained(out).config.num_hidden_layers == 2
+
+
+@pytest.mark.gpu
 @pytest.mark.vllm
 @needs_cuda
 @pytest.mark.parametrize("correction", ["true", "false"])
@@ -561,6 +581,23 @@ def test_use_vllm_without_vllm_is_one_line_before_any_model_loads(tiny_model_dir
     err = one_line_error(capsys, job(tiny_model_dir, problems_file, str(tmp_path / "out"), "--use_vllm", "true"))
     assert "use_vllm true needs vLLM, which is not installed" in err and "drop --use_vllm" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_an_uncached_hub_kernel_offline_is_one_line(tiny_model_dir, problems_file, tmp_path, capsys, monkeypatch):
+    """The load error transformers raised on an H200 (CUDA, HF_HUB_OFFLINE, kernels not cached), raised here by a
+    stand-in for the model load: CPUs get no Hub kernels, so only its translation into one line is tested."""
+    seen = ("Version 2 of 'kernels-community/rotary' is not available in the local cache and Hugging Face Hub is in "
+            "offline mode. Download the kernel while online first, or pass an explicit `revision=<commit>`.")
+
+    def load(*args, **kwargs):
+        raise ValueError(seen)
+
+    monkeypatch.setattr(capo_train, "build_trainer", load)
+    err = one_line_error(capsys, job(tiny_model_dir, problems_file, str(tmp_path / "out")))
+    assert "USE_HUB_KERNELS=NO" in err and "kernels-community/rotary" in err
+    monkeypatch.setattr(capo_train, "build_trainer", lambda *a, **k: (_ for _ in ()).throw(ValueError("other")))
+    with pytest.raises(ValueError, match="other"):  # any other load error keeps its traceback
+        cli.main(["train", *job(tiny_model_dir, problems_file, str(tmp_path / "out2"))])
 
 
 def test_an_earlier_run_is_never_replaced_silently(tiny_model_dir, problems_file, tmp_path, capsys):
