@@ -14,6 +14,21 @@ class UsageError(ValueError):
     """Bad input (a flag, a path, a file, a config value): the message says what is wrong and the fix."""
 
 
+def offline_kernel_error(err: Exception) -> UsageError | None:
+    """The one-line form of a Hub kernel that could not be fetched offline, else None.
+
+    Why: on CUDA, transformers (5.2x) swaps Hub kernels into a model at ``from_pretrained`` unless
+    ``USE_HUB_KERNELS`` says no; with ``HF_HUB_OFFLINE`` and none cached the load fails deep inside the
+    ``kernels`` package (seen on an H200), in a setting common on clusters, for every command that loads a model.
+    """
+    text = " ".join(str(err).split())
+    if not isinstance(err, ValueError) or "offline mode" not in text or "kernel" not in text.lower():
+        return None
+    return UsageError(f"loading the model, transformers asked the Hugging Face Hub for a kernel while offline "
+                      f"({text[:160]}). Set USE_HUB_KERNELS=NO to keep PyTorch's own layers, or run once online "
+                      "so the kernel is cached.")
+
+
 def check_output_dir(path: str | Path, overwrite: bool, flag: str = "--overwrite",
                      ignore: tuple[str, ...] = ()) -> Path:
     """Refuse to write into a non-empty ``path`` unless ``overwrite``: nothing is replaced silently.

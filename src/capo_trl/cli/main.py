@@ -244,12 +244,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``capo-trl`` command; returns the exit status (callable from Python and tests)."""
     args = build_parser().parse_args(argv)
-    from ..errors import UsageError
+    from ..errors import UsageError, offline_kernel_error
 
     try:
         return args.func(args)
     except UsageError as err:  # bad input: one line naming what to fix, no traceback
         print(f"capo-trl {args.command}: {err}", file=sys.stderr)
+        return 2
+    except ValueError as err:  # a load that only the environment can fix, else the traceback of a bug
+        if (usage := offline_kernel_error(err)) is None:
+            raise
+        print(f"capo-trl {args.command}: {usage}", file=sys.stderr)
         return 2
 
 

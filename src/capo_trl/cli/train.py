@@ -262,10 +262,7 @@ def run(script_args: ScriptArguments, training_args: CAPOConfig, model_args):
         with training_args.main_process_first(desc="clearing output_dir", local=False):
             if training_args.process_index == 0:
                 _clear_output_dir(training_args.output_dir)
-    try:
-        trainer = build_trainer(script_args, training_args, model_args)
-    except ValueError as err:
-        raise offline_kernel_error(err) or err
+    trainer = build_trainer(script_args, training_args, model_args)
     trainer.train(resume_from_checkpoint=resume)
     if trainer.state.global_step == 0:
         raise UsageError("training ran 0 steps (the dataset yielded no complete batch); nothing was saved. Add rows, "
@@ -277,21 +274,6 @@ def run(script_args: ScriptArguments, training_args: CAPOConfig, model_args):
     trainer.accelerator.print(f"capo-trl train: {trainer.state.global_step} steps on {n} process{'es' * (n > 1)}, "
                               f"model saved to {training_args.output_dir}")
     return trainer
-
-
-def offline_kernel_error(err: ValueError) -> UsageError | None:
-    """The one-line form of a Hub kernel that could not be fetched offline, else None.
-
-    Why: on CUDA, transformers (5.2x) swaps Hub kernels into a model at ``from_pretrained`` unless
-    ``USE_HUB_KERNELS`` says no; with ``HF_HUB_OFFLINE`` and none cached the load fails deep inside the
-    ``kernels`` package (seen on an H200), a common cluster setting that deserves the fix in one line.
-    """
-    text = " ".join(str(err).split())
-    if "offline mode" not in text or "kernel" not in text.lower():
-        return None
-    return UsageError(f"loading the model, transformers asked the Hugging Face Hub for a kernel while offline "
-                      f"({text[:160]}). Set USE_HUB_KERNELS=NO to keep PyTorch's own layers, or run once online "
-                      "so the kernel is cached.")
 
 
 def main(argv: list[str] | None = None):
