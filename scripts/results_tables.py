@@ -317,6 +317,14 @@ def study_words(task: str) -> str:
     return evidence.study_words(task, evidence.measure(RESULTS / evidence.STUDY_OF_TASK[task], task))
 
 
+def render_real_words() -> str:
+    """The real model's study in words (capo_trl.harness.evidence.real_words): that no result exists before its look,
+    every pre-registered endpoint after it, from its committed files."""
+    from capo_trl.harness import evidence
+
+    return evidence.real_words(evidence.measure_real(RESULTS / evidence.REAL_STUDY_FOLDER))
+
+
 def render_headline() -> str:
     """The README's one sentence of result (capo_trl.harness.evidence.headline), from the committed files."""
     from capo_trl.harness import evidence
@@ -552,6 +560,7 @@ RENDER = {"arithmetic-200-steps": render_main, "grader-noise-1-seed": render_noi
           "guess-half-comparison": render_testbed_compare, "smollm2-start": render_real_start,
           "smollm2-start-mask": render_real_mask, "smollm2-calibrate-mask": render_real_calibrate, "smollm2-sweep": render_real_sweep,
           "smollm2-pilot": render_real_pilot, "smollm2-study": render_real_study,
+          "smollm2-study-words": render_real_words,
           "smollm2-pilot2": lambda: render_real_pilot(RESULTS / "smollm2-pilot2"), "gpu-check": render_gpu_check,
           **TESTBED_RENDER}
 

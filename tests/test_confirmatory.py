@@ -228,3 +228,52 @@ def test_the_real_model_study_runs_what_its_protocol_says():
     config = json.loads((root / "docs/results/smollm2-study/config.json").read_text())
     assert config["methods"] == list(plan.arms.values()) and config["seeds"] == study.SEEDS
     assert {a: v["flags"] for a, v in config["arms"].items()} == {a: f for a, (_, f) in study.ARMS.items()}
+
+
+def write_real_study(folder, seeds_done, effect, noise=0.01):
+    """The real study's folder as scripts/real_study.py writes it (its config and start copied), with synthetic runs:
+    ``effect`` added to capo-nomask's pooled AUROC over GRPO's, the mask arms 0.02 below capo-nomask."""
+    from pathlib import Path
+
+    committed = Path(__file__).parents[1] / "docs/results/smollm2-study"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "start.json"):
+        (folder / name).write_text((committed / name).read_text())
+    keys = ("auroc", "accuracy", "mean_tokens", "finished_frac", *cf.REAL_STUDY.descriptive)
+    shift = {"grpo": 0.0, "capo-nomask": effect, "capo-mask-paper": effect - 0.02, "capo-mask-measured": effect - 0.02}
+    for s in seeds_done:
+        rng = np.random.default_rng(s)
+        base = 0.72 + rng.normal(0, 0.03)
+        for arm in cf.REAL_STUDY.arms:
+            rec = {k: float(rng.uniform(0.2, 0.6)) for k in keys}
+            rec.update(auroc=base + shift[arm] + rng.normal(0, noise), mean_tokens=23.5, finished_frac=0.97, mask={})
+            (folder / arm).mkdir(exist_ok=True)
+            (folder / arm / f"seed{s}.json").write_text(json.dumps(rec))
+    return folder
+
+
+@pytest.mark.parametrize("effect, verdict, kind", [
+    (0.05, "so CAPO without the noise mask kept pooled AUROC better than GRPO there", "(confirmatory)"),
+    (-0.05, "so CAPO without the noise mask ranked answers worse than GRPO there", "(confirmatory)"),
+    (0.0, "so no difference between CAPO without the noise mask and GRPO was shown there",
+     "(exploratory, since the primary does not hold)")])
+def test_the_real_study_words_follow_the_interval(tmp_path, effect, verdict, kind):
+    """The words the README renders for the real model, fixed before the study's look: none before it; at it the
+    verdict the primary's p and interval support, and every pre-registered endpoint."""
+    from capo_trl.harness import evidence
+
+    folder = write_real_study(tmp_path / "smollm2-study", range(100, 111), effect)
+    assert evidence.measure_real(folder) is None  # 11 complete seeds: no look, no numbers
+    assert evidence.real_words(None).startswith("On a real model, SmolLM2-135M-Instruct") and "no CAPO result" in \
+        evidence.real_words(None)
+    write_real_study(folder, [111], effect)
+    r = evidence.measure_real(folder)
+    a = cf.analyse(folder, cf.REAL_STUDY)
+    assert r["primary"] == tuple(round(a["primary"][k], 3) for k in ("mean", "low", "high"))
+    assert r["holds"] == (a["primary"]["p"] < 0.05) and r["seeds"] == 12 and r["stopped"] == "at its final look"
+    text = " ".join(evidence.real_words(r).split())
+    assert verdict in text and kind in text and "12 complete seeds" in text
+    assert [e for e, *_ in r["secondary"]] == ["auroc_question", "ece", "e_aurc", "auroc", "auroc"]
+    for endpoint, arm, minus, *_ in r["secondary"]:
+        assert f"{evidence.ENDPOINTS[endpoint]}, {arm} minus {minus}: " in text
+    assert text.count("Holm p = ") == 5 and "Collapsed runs of 12: grpo 0, capo-nomask 0" in text
