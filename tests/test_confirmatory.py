@@ -1,6 +1,7 @@
 """The pre-registered analysis (harness/confirmatory.py): the paired tests against hand-computed values, the
 looks and the stopping rule on synthetic study folders, and the copy of runs under arm names."""
 
+import dataclasses
 import datetime
 import json
 import math
@@ -277,3 +278,27 @@ def test_the_real_study_words_follow_the_interval(tmp_path, effect, verdict, kin
     for endpoint, arm, minus, *_ in r["secondary"]:
         assert f"{evidence.ENDPOINTS[endpoint]}, {arm} minus {minus}: " in text
     assert text.count("Holm p = ") == 5 and "Collapsed runs of 12: grpo 0, capo-nomask 0" in text
+
+
+def test_an_undefined_auroc_counts_as_the_amendment_says(tmp_path):
+    """A run whose answers are all wrong has no AUROC (None in its record): the real study counts it as 0.5
+    (amendment 1), lists it, and gives the primary again without its seed; a plan that does not say refuses."""
+    from capo_trl.harness import evidence
+
+    folder = write_real_study(tmp_path / "smollm2-study", range(100, 112), 0.03)
+    rec = json.loads((folder / "capo-nomask" / "seed101.json").read_text())
+    rec.update(auroc=None, auroc_question=None, accuracy=0.0)
+    (folder / "capo-nomask" / "seed101.json").write_text(json.dumps(rec))
+    a = cf.analyse(folder, cf.REAL_STUDY)
+    assert a["undefined"] == [("capo-nomask", 101, "auroc"), ("capo-nomask", 101, "auroc_question")]
+    assert a["primary"]["diffs"][1] == pytest.approx(0.5 - json.loads((folder / "grpo/seed101.json").read_text())["auroc"])
+    d = a["defined_only"]
+    assert d["n"] == 11 and d["diffs"] == [x for i, x in enumerate(a["primary"]["diffs"]) if i != 1]
+    text = cf.render(a, cf.REAL_STUDY)
+    assert "counted as 0.5" in text and "`capo-nomask` seed 101 (auroc)" in text and "on the 11 seeds" in text
+    words = " ".join(evidence.real_words(evidence.measure_real(folder)).split())
+    assert "counted as 0.5, as the protocol's amendment says, for capo-nomask seed 101; leaving those seeds" in words
+    assert "on 11 seeds" in words
+    strict = dataclasses.replace(cf.REAL_STUDY, undefined_auroc=None)
+    with pytest.raises(ValueError, match=r"undefined AUROC .*capo-nomask.*101.*Plan.undefined_auroc"):
+        cf.analyse(folder, strict)

@@ -52,6 +52,7 @@ class Plan:
     min_finished: float = 0.0  # ... or whose share of samples that ended (EOS) within the limit is below this
     descriptive: tuple = ("e_aurc", "ece", "auroc_question", "coverage@0.8", "derivable/accuracy",
                           "guessable/accuracy", "derivable/mean_score", "guessable/mean_score")
+    undefined_auroc: float | None = None  # what an undefined AUROC (one class only) counts as; None: refused
 
     @property
     def max_seeds(self) -> int:
@@ -86,7 +87,7 @@ REAL_STUDY = Plan(
                  ("e_aurc", "capo-nomask", "grpo"), ("auroc", "capo-mask-paper", "capo-nomask"),
                  ("auroc", "capo-mask-measured", "capo-nomask")),
     deadline="2026-12-31T00:00:00+00:00",
-    collapse_tokens=30.0, min_finished=0.5,
+    collapse_tokens=30.0, min_finished=0.5, undefined_auroc=0.5,  # amendment 1, before any look
     descriptive=("auroc_question", "ece", "e_aurc", "finished_frac", "derivable/accuracy", "guessable/accuracy"),
 )
 PLANS = {"guess-half-mask-study": MASK_STUDY, "guess-redraw-study": REDRAW_STUDY, "smollm2-study": REAL_STUDY}
@@ -139,6 +140,22 @@ def load(folder: Path, plan: Plan) -> tuple[dict, dict]:
     return config, runs
 
 
+AUROCS = ("auroc", "auroc_question")
+
+
+def _count_undefined(runs: dict, plan: Plan) -> list[tuple]:
+    """Set each undefined AUROC (None: the run's answers were of one class) to what the plan counts it as, in
+    place; returns the (arm, seed, key) it set. A plan that does not say refuses, naming the run."""
+    found = [(arm, s, k) for arm, by_seed in runs.items() for s, rec in by_seed.items() for k in AUROCS
+             if k in rec and rec[k] is None]
+    if found and plan.undefined_auroc is None:
+        raise ValueError(f"undefined AUROC (one class only) in {found}: the protocol must say what it counts as "
+                         "(Plan.undefined_auroc) before the analysis can run.")
+    for arm, s, k in found:
+        runs[arm][s][k] = plan.undefined_auroc
+    return found
+
+
 def _contrast(runs, seeds, endpoint, arm, minus, confidence=0.95, flip=False) -> dict:
     """``arm - minus`` by seed; the sign-flip test only where the protocol uses it (the primary's sensitivity)."""
     diffs = [runs[arm][s][endpoint] - runs[minus][s][endpoint] for s in seeds]
@@ -157,10 +174,11 @@ def _looks(config: dict, runs: dict, plan: Plan, closed: bool) -> list[tuple[int
 def analyse(folder: Path, plan: Plan) -> dict:
     """The analysis the protocol fixes, at the look the committed files have reached."""
     config, runs = load(folder, plan)
+    undefined = _count_undefined(runs, plan)
     closed_file = folder / "closed.json"
     closed = json.loads(closed_file.read_text()) if closed_file.is_file() else None
     out = {"finished": {arm: sorted(r) for arm, r in runs.items()}, "planned_seeds": config["seeds"],
-           "deadline": plan.deadline, "closed": closed, "look": None}
+           "deadline": plan.deadline, "closed": closed, "look": None, "undefined": undefined}
     looks = _looks(config, runs, plan, closed is not None)
     if not looks:
         return out
@@ -171,6 +189,10 @@ def analyse(folder: Path, plan: Plan) -> dict:
         if holds:
             break
     secondary = [_contrast(runs, seeds, *c) for c in plan.secondaries]
+    key, arm, minus = plan.primary  # sensitivity (amendment 1): the seeds where no primary value was undefined
+    counted = {(a, s) for a, s, k in undefined if k == key and a in (arm, minus)}
+    defined = [s for s in seeds if (arm, s) not in counted and (minus, s) not in counted]
+    sensitivity = (_contrast(runs, defined, key, arm, minus) if counted and len(defined) >= 2 else None)
     adjusted = holm({i: c["p"] for i, c in enumerate(secondary)})
     for i, c in enumerate(secondary):
         c["holm_p"], c["rejected"] = adjusted[i], holds and adjusted[i] < plan.family_alpha
@@ -187,7 +209,7 @@ def analyse(folder: Path, plan: Plan) -> dict:
     out.update(look={"index": index, "name": "final" if final or index == len(plan.looks) - 1 else "interim",
                      "alpha": alpha, "seeds": seeds, "incomplete_seeds": incomplete, "stop": stop,
                      "reason": ("efficacy" if holds and not final else "final look" if final else None)},
-               primary={**primary, "holds": holds}, secondary=secondary, confirmatory_secondaries=holds,
+               primary={**primary, "holds": holds}, secondary=secondary, defined_only=sensitivity, confirmatory_secondaries=holds,
                safety=safety, collapse=collapse, means=means, mask=_mask_shares(runs, seeds),
                start={k: json.loads((folder / "start.json").read_text()).get(k, math.nan) for k in keys})
     return out
@@ -246,6 +268,15 @@ def render(analysis: dict, plan: Plan) -> str:
                     [[f"{p['arm']} - {p['minus']} (primary)", p["endpoint"], f"{p['mean']:+.3f}",
                       f"[{p['low']:+.3f}, {p['high']:+.3f}]", f"{p['p']:.4f}", f"{p['flip_p']:.4f}",
                       f"{p['favour']} of {p['n']}", f"{p['sd']:.3f}", "yes" if p["holds"] else "no"]])
+    if analysis["undefined"]:
+        runs = ", ".join(f"`{arm}` seed {s} ({k})" for arm, s, k in analysis["undefined"])
+        lines += ["", f"Undefined AUROCs (the run's answers of one class only), counted as {plan.undefined_auroc:g} "
+                  f"as the protocol's amendment says: {runs}."]
+        d = analysis.get("defined_only")
+        if d is not None:
+            lines += [f"Sensitivity, not a test of the protocol: {p['arm']} - {p['minus']} on the {d['n']} seeds "
+                      f"where neither had an undefined {p['endpoint']}: {_iv(d)} (95% t interval, paired t p = "
+                      f"{d['p']:.4f})."]
     if analysis["secondary"]:
         kind = "confirmatory" if analysis["confirmatory_secondaries"] else "exploratory (the primary does not hold)"
         lines += ["", f"Secondary contrasts, Holm's correction over the family of {len(analysis['secondary'])} "

@@ -186,7 +186,10 @@ def measure_real(folder: Path) -> dict | None:
          "secondary": [(c["endpoint"], c["arm"], c["minus"], *(round(c[k], 3) for k in ("mean", "low", "high")),
                         round(c["holm_p"], 4)) for c in a["secondary"]],
          "accuracy": {arm: tuple(round(c[k], 3) for k in ("mean", "low", "high"))
-                      for arm, c in a["safety"]["accuracy"].items()}}
+                      for arm, c in a["safety"]["accuracy"].items()},
+         "undefined": sorted({(arm, s) for arm, s, k in a["undefined"] if k == "auroc" and s in seeds}),
+         "defined_only": (None if a["defined_only"] is None else
+                          (*(round(a["defined_only"][k], 3) for k in ("mean", "low", "high")), a["defined_only"]["n"]))}
     return r
 
 
@@ -203,6 +206,14 @@ def real_words(r: dict | None) -> str:
                        for e, arm, minus, m, lo, hi, hp in r["secondary"])
     safety = "; ".join(f"{arm} {_iv(iv)}" for arm, iv in r["accuracy"].items())
     collapsed = ", ".join(f"{arm} {n}" for arm, n in r["collapsed"].items())
+    undefined = ""
+    if r["undefined"]:
+        runs = ", ".join(f"{arm} seed {seed}" for arm, seed in r["undefined"])
+        undefined = (f" Pooled AUROC was undefined (answers of one class only) and counted as 0.5, as the protocol's "
+                     f"amendment says, for {runs}")
+        d = r["defined_only"]
+        undefined += (f"; leaving those seeds out (a sensitivity analysis), CAPO without the mask minus GRPO was "
+                      f"{_iv(d)} on {d[3]} seeds." if d else ".")
     return _fill(
         f"On a real model, {REAL_MODEL}, on two-digit addition: in a pre-registered study {r['stopped']} with "
         f"{r['seeds']} complete seeds of 100 steps, GRPO's pooled AUROC went from {r['start']:.3f} before RL to "
@@ -210,8 +221,8 @@ def real_words(r: dict | None) -> str:
         f"against GRPO ({100 * r['level']:g}% t interval, the primary endpoint; paired t p = {r['p']:.4f}, exact "
         f"sign-flip p = {r['flip_p']:.4f}; above 0 on {r['above']} of {r['seeds']} seeds), so {verdict}. "
         f"Secondary endpoints, 95% t intervals with Holm's correction ({kind}): {second}. Accuracy against GRPO: "
-        f"{safety}. Collapsed runs of {r['seeds']}: {collapsed}. These numbers are the real model's, apart from the "
-        "tiny models'.")
+        f"{safety}. Collapsed runs of {r['seeds']}: {collapsed}.{undefined} These numbers are the real model's, apart "
+        "from the tiny models'.")
 
 
 __all__ = ["ENDPOINTS", "REAL_STUDY_FOLDER", "STUDY_OF_TASK", "STUDY_RESULTS", "endpoint_table", "headline",
