@@ -70,22 +70,21 @@ def record(report: dict, samples_csv: Path, task: str) -> dict:
     return {**out, **{k: v for k, v in kinds.items() if not (isinstance(v, float) and math.isnan(v))}}
 
 
-def train(task: str, seed: int, run: Path, flags: list[str]) -> None:
-    args = ["capo-trl", "train", "--config", RECIPE, "--dataset_name", task, "--seed", str(seed),
-            "--max_steps", str(STEPS), "--output_dir", str(run), *flags]
-    if any(run.glob("checkpoint-*")):
-        args += ["--resume_from_checkpoint", "last"]
-    with open(run.parent / f"{run.name}.train.log", "a") as log:
-        subprocess.run(args, check=True, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-
-
-def run_one(task: str, seed: int, runs: Path, out: Path = OUT) -> Path:
-    run = runs / f"{task}-seed{seed}"
+def train_and_test(run: Path, recipe: str, task: str, seed: int, flags: list[str], steps: int = STEPS,
+                   train_log: tuple = TRAIN_LOG) -> tuple[dict, list, dict]:
+    """Train ``run`` (resuming from its last checkpoint), then test it, each once; returns the final checkpoint's
+    trainer state, the logged training rows (``train_log``'s keys) and the wall times. The pilots and the study
+    share it, so every real-model run is trained and tested the same way."""
     run.mkdir(parents=True, exist_ok=True)
     times = json.loads((run / "times.json").read_text()) if (run / "times.json").is_file() else {}
     if not (run / "train.done").is_file():
         t0 = time.time()
-        train(task, seed, run, PILOTS[out.name])
+        args = ["capo-trl", "train", "--config", recipe, "--dataset_name", task, "--seed", str(seed),
+                "--max_steps", str(steps), "--output_dir", str(run), *flags]
+        if any(run.glob("checkpoint-*")):
+            args += ["--resume_from_checkpoint", "last"]
+        with open(run.parent / f"{run.name}.train.log", "a") as log:
+            subprocess.run(args, check=True, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         times.setdefault("train_s", []).append(round(time.time() - t0))
         (run / "train.done").write_text("")
         (run / "times.json").write_text(json.dumps(times) + "\n")
@@ -97,7 +96,13 @@ def run_one(task: str, seed: int, runs: Path, out: Path = OUT) -> Path:
         (run / "times.json").write_text(json.dumps(times) + "\n")
     checkpoint = max(run.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
     state = json.loads((checkpoint / "trainer_state.json").read_text())
-    log = [{"step": r["step"], **{k: r[k] for k in TRAIN_LOG if k in r}} for r in state["log_history"] if "reward" in r]
+    log = [{"step": r["step"], **{k: r[k] for k in train_log if k in r}} for r in state["log_history"] if "reward" in r]
+    return state, log, times
+
+
+def run_one(task: str, seed: int, runs: Path, out: Path = OUT) -> Path:
+    run = runs / f"{task}-seed{seed}"
+    state, log, times = train_and_test(run, RECIPE, task, seed, PILOTS[out.name])
     kept = {"task": task, "seed": seed, "global_step": state["global_step"], "recipe": RECIPE, "flags": PILOTS[out.name],
             **record(json.loads((run / "test" / "report.json").read_text()), run / "test" / "samples.csv", task),
             "train": log, **times}

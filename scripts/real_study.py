@@ -20,12 +20,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from real_pilot import ROOT, START, TEST, record
+from real_pilot import ROOT, START, record, train_and_test
 
 from capo_trl.harness.confirmatory import PLANS
 from capo_trl.harness.paired import t_power
@@ -81,35 +79,10 @@ def init() -> None:
     (OUT / "start.json").write_text(json.dumps(start, indent=1) + "\n")
 
 
-def train(arm: str, seed: int, run: Path) -> None:
-    recipe, flags = ARMS[arm]
-    args = ["capo-trl", "train", "--config", recipe, "--dataset_name", TASK, "--seed", str(seed),
-            "--max_steps", str(STEPS), "--output_dir", str(run), *flags]
-    if any(run.glob("checkpoint-*")):
-        args += ["--resume_from_checkpoint", "last"]
-    with open(run.parent / f"{run.name}.train.log", "a") as log:
-        subprocess.run(args, check=True, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-
-
 def run_one(arm: str, seed: int, runs: Path) -> Path:
     run = runs / arm / f"seed{seed}"
-    run.mkdir(parents=True, exist_ok=True)
-    times = json.loads((run / "times.json").read_text()) if (run / "times.json").is_file() else {}
-    if not (run / "train.done").is_file():
-        t0 = time.time()
-        train(arm, seed, run)
-        times.setdefault("train_s", []).append(round(time.time() - t0))
-        (run / "train.done").write_text("")
-        (run / "times.json").write_text(json.dumps(times) + "\n")
-    if not (run / "test" / "report.json").is_file():
-        t0 = time.time()
-        subprocess.run(["capo-trl", "eval", "--model", str(run), "--benchmark", TASK, *TEST, "--out", str(run / "test"),
-                        "--overwrite"], check=True, cwd=ROOT)
-        times["test_s"] = round(time.time() - t0)
-        (run / "times.json").write_text(json.dumps(times) + "\n")
-    checkpoint = max(run.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
-    state = json.loads((checkpoint / "trainer_state.json").read_text())
-    log = [{"step": r["step"], **{k: r[k] for k in TRAIN_LOG if k in r}} for r in state["log_history"] if "reward" in r]
+    recipe, flags = ARMS[arm]
+    state, log, times = train_and_test(run, recipe, TASK, seed, flags, STEPS, TRAIN_LOG)
     # "mask" holds per-kind counts where a runner can tally them in process; the CLI logs only the drop rates
     # (capo/dropped_correct, capo/dropped_wrong in "train")
     kept = {"arm": arm, "task": TASK, "seed": seed, "global_step": state["global_step"], "recipe": ARMS[arm][0],
