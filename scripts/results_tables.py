@@ -436,6 +436,24 @@ def render_real_calibrate() -> str:
                   "ref_high", "ref_low", "PPL of right answers (quartiles)", "PPL of wrong answers (quartiles)"], body)
 
 
+def render_real_truncation() -> str:
+    """GRPO's and CAPO's advantages of the start model's test samples taken as training batches, by kind
+    (smollm2-start/<task>/truncation.json): what unfinished samples carry, out of the loss."""
+    body = []
+    for task in REAL_START:
+        m = summary(f"smollm2-start/{task}/truncation.json")
+        body.append([f"`{task}`", f"{m['mixed_groups']} ({m['mixed_groups_with_unfinished']})",
+                     f"{m['n/right']} / {m['n/wrong_finished']} / {m['n/wrong_unfinished']}",
+                     " / ".join(f"{m['score/' + k]:.2f}" for k in ("right", "wrong_finished", "wrong_unfinished"))]
+                    + [" / ".join(f"{m[f'{name}/advantage/{k}']:+.3f}" for k in ("right", "wrong_finished",
+                                                                                 "wrong_unfinished"))
+                       for name in ("grpo", "capo")]
+                    + [f"{m['grpo/unfinished_total_per_group']:+.3f}", f"{m['capo/unfinished_total_per_group']:+.3f}"])
+    return table(["task", "mixed groups (with an unfinished sample)", "samples: right / wrong finished / wrong unfinished",
+                  "mean score (nats), same order", "GRPO mean advantage, same order", "CAPO mean advantage, same order",
+                  "GRPO: unfinished total per mixed group", "CAPO: unfinished total per mixed group"], body)
+
+
 SWEEP = RESULTS / "smollm2-sweep"
 
 
@@ -558,7 +576,8 @@ RENDER = {"arithmetic-200-steps": render_main, "grader-noise-1-seed": render_noi
           "calibrated-confidence": render_confidence, "guess-pilot-300-steps": lambda: render_pilot(300),
           "guess-pilot-600-steps": lambda: render_pilot(600), "guess-pilot-1000-steps": lambda: render_pilot(1000),
           "guess-half-comparison": render_testbed_compare, "smollm2-start": render_real_start,
-          "smollm2-start-mask": render_real_mask, "smollm2-calibrate-mask": render_real_calibrate, "smollm2-sweep": render_real_sweep,
+          "smollm2-start-mask": render_real_mask, "smollm2-calibrate-mask": render_real_calibrate,
+          "smollm2-start-truncation": render_real_truncation, "smollm2-sweep": render_real_sweep,
           "smollm2-pilot": render_real_pilot, "smollm2-study": render_real_study,
           "smollm2-study-words": render_real_words,
           "smollm2-pilot2": lambda: render_real_pilot(RESULTS / "smollm2-pilot2"), "gpu-check": render_gpu_check,
