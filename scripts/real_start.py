@@ -11,7 +11,7 @@ the score, i.e. the absolute tau it suggests) and writes its report; ``paper`` r
 samples.csv (the start model is the reference, so exp(-s) of a sample is its reference perplexity) and
 counts what the paper's ``ref_high`` 2.5 / ``ref_low`` 1.05 would drop. ``truncation`` takes the same samples as
 training batches of the CAPO SmolLM2 recipe (4 groups of 8) and computes GRPO's advantage (TRL's, group-scaled) and
-the recipe's CAPO advantage of every sample, by kind (right, wrong and finished, unfinished): under
+the recipe's CAPO advantage of every sample (also with ``truncated_pairs="tied"``), by kind (right, wrong and finished, unfinished): under
 ``mask_truncated_completions`` an unfinished sample leaves the loss, and since a group's advantages sum to zero,
 what it carries is what the group's finished samples carry the other way, a net push towards (or away from)
 finishing.
@@ -88,10 +88,14 @@ def truncation(task: str) -> dict:
     finished = torch.tensor([r["finished"] == "True" for r in rows])
     length = torch.tensor([float(r["num_tokens"]) for r in rows])
     names = CAPOArgs.__dataclass_fields__
-    method = CAPO(SimpleNamespace(**{n: recipe.get(n, f.default) for n, f in names.items()}))
+    settings = {n: recipe.get(n, f.default) for n, f in names.items()}
     grpo = grpo_advantages(R, G, "group")
-    capo = torch.cat([method.advantages(AdvantageInputs(R[i:i + batch], s[i:i + batch], G, grpo[i:i + batch]))[0]
-                      for i in range(0, len(rows), batch)])
+
+    def capo(truncated_pairs: str) -> torch.Tensor:
+        method = CAPO(SimpleNamespace(**{**settings, "truncated_pairs": truncated_pairs}))
+        return torch.cat([method.advantages(AdvantageInputs(R[i:i + batch], s[i:i + batch], G, grpo[i:i + batch],
+                                                            truncated=~finished[i:i + batch]))[0]
+                          for i in range(0, len(rows), batch)])
     groups = R.view(-1, G)
     mixed = (groups.max(1).values > groups.min(1).values).repeat_interleave(G)
     kinds = {"right": mixed & (R >= 0.5), "wrong_finished": mixed & (R < 0.5) & finished,
@@ -103,7 +107,7 @@ def truncation(task: str) -> dict:
               **{f"n/{k}": int(m.sum()) for k, m in kinds.items()},
               **{f"score/{k}": s[m].mean().item() for k, m in kinds.items()},
               **{f"length/{k}": length[m].mean().item() for k, m in kinds.items()}}
-    for name, adv in (("grpo", grpo), ("capo", capo)):
+    for name, adv in (("grpo", grpo), ("capo", capo("ranked")), ("capo_tied", capo("tied"))):
         report.update({f"{name}/advantage/{k}": adv[m].mean().item() for k, m in kinds.items()})
         report.update({f"{name}/corr_length/{k}": torch.corrcoef(torch.stack([adv[m], length[m]]))[0, 1].item()
                        for k, m in kinds.items() if k != "wrong_unfinished"})  # unfinished: all at the limit

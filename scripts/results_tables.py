@@ -448,10 +448,11 @@ def render_real_truncation() -> str:
                     + [" / ".join(f"{m[f'{name}/advantage/{k}']:+.3f}" for k in ("right", "wrong_finished",
                                                                                  "wrong_unfinished"))
                        for name in ("grpo", "capo")]
-                    + [f"{m['grpo/unfinished_total_per_group']:+.3f}", f"{m['capo/unfinished_total_per_group']:+.3f}"])
+                    + [f"{m[f'{name}/unfinished_total_per_group']:+.3f}" for name in ("grpo", "capo", "capo_tied")])
     return table(["task", "mixed groups (with an unfinished sample)", "samples: right / wrong finished / wrong unfinished",
                   "mean score (nats), same order", "GRPO mean advantage, same order", "CAPO mean advantage, same order",
-                  "GRPO: unfinished total per mixed group", "CAPO: unfinished total per mixed group"], body)
+                  "GRPO: unfinished total per mixed group", "CAPO: unfinished total per mixed group",
+                  "CAPO, `truncated_pairs: tied`: unfinished total per mixed group"], body)
 
 
 SWEEP = RESULTS / "smollm2-sweep"

@@ -253,3 +253,23 @@ def test_matched_scale_keeps_grpo_step_size_and_zero_sum():
     # at huge tau CAPO's pair weights are uniform: matched equals GRPO's advantage exactly
     wide = match_group_l1(capo_advantages(R, S, 5, tau=1e6), grpo_advantages(R, 5), 5)
     torch.testing.assert_close(wide, grpo_advantages(R, 5), atol=1e-4, rtol=1e-4)
+
+
+def test_tied_rows_are_credited_by_reward_alone():
+    """A truncated wrong answer far below its group's scores: ranked, its pairs are already right (almost no
+    gradient); tied, each pair weighs sigma(0) / tau, Dr. GRPO's pair weight times 1 / (2 tau)."""
+    rewards = torch.tensor([1.0, 1.0, 0.0, 0.0])
+    scores = torch.tensor([-0.1, -0.2, -0.4, -3.0])
+    tied = torch.tensor([False, False, False, True])
+    ranked = capo_advantages(rewards, scores, 4, tau=0.5, normalization="none")
+    assert abs(ranked[3]) < 0.02  # two pairs, each sigma(-2.8 / 0.5) / 0.5, about 0.007
+    adv = capo_advantages(rewards, scores, 4, tau=0.5, normalization="none", tied=tied)
+    torch.testing.assert_close(adv[3], torch.tensor(-2.0))  # two pairs, each sigma(0) / 0.5 = 1
+    torch.testing.assert_close(adv[2], ranked[2])  # untied pairs unchanged
+    expected = torch.sigmoid((scores[2] - scores[:2]) / 0.5) / 0.5 + 1.0  # its pair with row 2, and the tied one
+    torch.testing.assert_close(adv[:2], expected)
+    assert abs(float(adv.sum())) < 1e-6  # still zero-sum within the group
+    torch.testing.assert_close(capo_advantages(rewards, scores, 4, tau=0.5, tied=torch.zeros(4, dtype=torch.bool)),
+                               capo_advantages(rewards, scores, 4, tau=0.5))
+    every = capo_advantages(rewards, scores, 4, tau=0.5, normalization="none", tied=torch.ones(4, dtype=torch.bool))
+    torch.testing.assert_close(every, capo_advantages(rewards, scores, 4, surrogate="linear", normalization="none"))

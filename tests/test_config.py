@@ -32,6 +32,7 @@ def test_defaults_follow_the_paper_and_mask_follows_estimator():
         ("advantage_scale", "grpo", "advantage_scale"),
         ("ref_thresholds", "quartile", "ref_thresholds"),
         ("ref_calibration_steps", 0, "ref_calibration_steps"),
+        ("truncated_pairs", "masked", "truncated_pairs"),
     ],
 )
 def test_invalid_values_name_the_field(field, value, fragment):
@@ -56,7 +57,7 @@ def test_help_metadata_for_every_new_field():
     baselines = {f.name for m in BUILTIN if m.Args is not None and m.name != "capo" for f in fields(m.Args)}
     new = {f.name for f in fields(CAPOConfig)} - grpo_fields() - baselines
     assert new == {"advantage_estimator", "tau", "advantage_normalization", "surrogate", "noise_mask",
-                   "ref_high", "ref_low", "correct_threshold", "ref_cache_size", "tau_mode", "advantage_scale",
+                   "ref_high", "ref_low", "correct_threshold", "ref_cache_size", "tau_mode", "advantage_scale", "truncated_pairs",
                    "ref_thresholds", "ref_calibration_steps", "method_kwargs", "noise_mask_guard", "ref_scoring",
                    "noise_mask_side", "noise_mask_normalizer", "skip_zero_advantage_rows", "share_prompt_prefill",
                    "share_prompt_in_loss"}

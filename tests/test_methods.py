@@ -62,3 +62,19 @@ def test_a_user_method_trains_through_the_cli(tiny_model_dir, problems_file, tmp
     assert cli.main(["train", *bad]) == 2
     err = capsys.readouterr().err.strip()
     assert "scal" in err and "\n" not in err
+
+
+def test_tied_truncated_pairs_need_the_flags():
+    """A caller of the capo method outside the trainer that asks for tied pairs must say which rows were cut."""
+    import torch
+
+    from capo_trl.methods.base import AdvantageInputs
+    from capo_trl.methods.capo import CAPO
+
+    method = CAPO(CAPOConfig(truncated_pairs="tied", **BASE))
+    rewards, scores = torch.tensor([1.0, 0.0, 0.0, 1.0]), torch.tensor([-0.1, -0.3, -2.0, -0.2])
+    with pytest.raises(ValueError, match="truncated_pairs='tied' needs AdvantageInputs.truncated"):
+        method.advantages(AdvantageInputs(rewards, scores, 4, torch.zeros(4)))
+    adv, _ = method.advantages(AdvantageInputs(rewards, scores, 4, torch.zeros(4),
+                                               truncated=torch.tensor([False, False, True, False])))
+    assert adv[2] < adv[1] < 0  # the truncated wrong answer, tied, is charged more than the confident wrong one

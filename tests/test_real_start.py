@@ -52,3 +52,7 @@ def test_grpo_charges_unfinished_wrong_answers_and_capo_nearly_not(real_start, t
     assert 0.02 < ratio < 0.04
     assert report["capo/unfinished_total_per_group"] == pytest.approx(
         2 * report["capo/advantage/wrong_unfinished"], rel=1e-5)
+    # tied: each unfinished answer's three pairs with right answers weigh sigmoid(0), more than a finished wrong one's
+    assert report["capo_tied/advantage/wrong_unfinished"] < report["capo_tied/advantage/wrong_finished"] < 0
+    assert report["capo_tied/unfinished_total_per_group"] == pytest.approx(
+        2 * report["capo_tied/advantage/wrong_unfinished"], rel=1e-5)

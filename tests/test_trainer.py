@@ -269,3 +269,21 @@ def test_the_default_mask_never_silently_stops_learning(tiny_model_dir, tmp_path
         literal.train()
     assert all(torch.equal(before[n], p) for n, p in literal.model.named_parameters())  # what the guard prevents
     assert set(logged(literal, "capo/kept_frac")) == {0.0}
+
+
+def test_truncated_flags_are_trls_clipped_rows(tiny_model_dir, tmp_path):
+    """truncated_pairs='tied' gets, row by row, the completions TRL clips (no EOS): under
+    mask_truncated_completions exactly the rows whose completion mask TRL zeroed."""
+    trainer = make(tiny_model_dir, tmp_path, noise_mask=False, truncated_pairs="tied", mask_truncated_completions=True)
+    flags, masks = [], []
+    advantages, generate = trainer.method.advantages, trainer._generate_and_score_completions
+    trainer.method.advantages = lambda batch: (flags.append(batch.truncated), advantages(batch))[1]
+    trainer._generate_and_score_completions = lambda inputs: (
+        lambda out: (masks.append(out["completion_mask"]), out)[1])(generate(inputs))
+    trainer.train()
+    assert len(flags) == len(masks) == 3
+    for truncated, mask in zip(flags, masks):
+        assert truncated.dtype == torch.bool
+        assert torch.equal(truncated, mask.sum(1) == 0)
+    assert [f.float().mean().item() for f in flags] == logged(trainer, "completions/clipped_ratio")
+    assert any(0 < f.float().mean() < 1 for f in flags)  # some rows of each kind (max_completion_length=8)

@@ -43,6 +43,7 @@ def capo_advantages(
     normalization: str = "group",
     surrogate: str = "logistic",
     scale: str = "paper",
+    tied: torch.Tensor | None = None,
 ) -> torch.Tensor:
     r"""CAPO's pairwise, perplexity-aware advantage: ``A~_i = -dL/ds_i``.
 
@@ -69,6 +70,9 @@ def capo_advantages(
             ``R_i - mean(R)`` whatever the scale of the scores (ignored for ``"linear"``).
             (``"matched"`` is applied by the registry's ``capo`` estimator, which knows GRPO's
             advantages: here it behaves like ``"bounded"``.)
+        tied: ``(N,)`` bool, rows whose score ranks nothing (a completion cut before it gave its answer):
+            each of their pairs weighs as if the two scores were equal, ``sigma(0)``, so such a row is
+            credited by its reward alone, as GRPO credits it. ``None``: every score ranks.
 
     Returns:
         ``(N,)`` float tensor, zero for unscorable rows and for groups whose rewards all tie.
@@ -82,7 +86,12 @@ def capo_advantages(
     s = torch.where(valid, s, 0.0)
     pair_valid = valid[:, :, None] & valid[:, None, :]
     W = torch.relu(R[:, :, None] - R[:, None, :]) * pair_valid  # w_ab, (groups, G, G)
-    M = _pair_gradients(W, s, tau, scale) if surrogate == "logistic" else W
+    if tied is not None:
+        t = _grouped(tied.to(R.device, torch.bool), num_generations, "tied")
+        tied_pairs = t[:, :, None] | t[:, None, :]
+    else:
+        tied_pairs = None
+    M = _pair_gradients(W, s, tau, scale, tied_pairs) if surrogate == "logistic" else W
     adv = M.sum(dim=2) - M.sum(dim=1)
     if normalization == "group":
         adv = adv / valid.sum(dim=1, keepdim=True).clamp(min=1)
@@ -98,13 +107,17 @@ def _check_options(**options: tuple[str, tuple[str, ...]]) -> None:
             raise ValueError(f"{name}={value!r}; expected one of {allowed}.")
 
 
-def _pair_gradients(W: torch.Tensor, s: torch.Tensor, tau, scale: str) -> torch.Tensor:
-    """``M_ab = w_ab sigma((s_b - s_a) / tau)`` times ``1/tau`` (``scale="paper"``) or 2 (bounded)."""
+def _pair_gradients(W: torch.Tensor, s: torch.Tensor, tau, scale: str,
+                    tied_pairs: torch.Tensor | None = None) -> torch.Tensor:
+    """``M_ab = w_ab sigma((s_b - s_a) / tau)`` times ``1/tau`` (``scale="paper"``) or 2 (bounded); a tied
+    pair's score gap counts as 0."""
     tau_t = torch.as_tensor(tau, dtype=torch.float32, device=W.device)
     if bool((tau_t <= 0).any()) or not bool(torch.isfinite(tau_t).all()):
         raise ValueError(f"tau must be finite and > 0, got {tau}.")
     tau_t = tau_t.reshape(-1, 1, 1) if tau_t.dim() else tau_t
     D = s[:, :, None] - s[:, None, :]  # s_a - s_b
+    if tied_pairs is not None:
+        D = D.masked_fill(tied_pairs, 0.0)
     return W * torch.sigmoid(-D / tau_t) * (1.0 / tau_t if scale == "paper" else 2.0)
 
 

@@ -21,7 +21,8 @@ class AdvantageInputs:
 
     ``rewards`` (N,) weighted total, NaN = unscorable; ``scores`` (N,) mean token log-prob under the
     rollout policy; ``trl_advantages`` GRPOTrainer's own advantages (``scale_rewards`` applied);
-    ``step`` the optimizer step the rollout was generated at. Methods with ``parse_confidence`` also
+    ``step`` the optimizer step the rollout was generated at; ``truncated`` (N,) bool, the completions cut at
+    ``max_completion_length`` (no EOS: TRL's ``completions/clipped_ratio``). Methods with ``parse_confidence`` also
     get the stated ``confidence`` (N,) (NaN if none), ``format_ok`` (N,) and ``confidence_mask``
     (N, T) of the confidence block's tokens (T = the widest completion over processes).
     """
@@ -32,6 +33,7 @@ class AdvantageInputs:
     trl_advantages: torch.Tensor
     step: int = 0
     scale_rewards: str = "group"
+    truncated: torch.Tensor | None = None
     confidence: torch.Tensor | None = None
     format_ok: torch.Tensor | None = None
     confidence_mask: torch.Tensor | None = None

@@ -17,6 +17,7 @@ from ..advantages import (
 from .base import AdvantageInputs, Method, check_fields, help_text
 
 TAU_MODES = ("absolute", "relative")
+TRUNCATED_PAIRS = ("ranked", "tied")
 
 
 @dataclass
@@ -38,6 +39,11 @@ class CAPOArgs:
         "'paper' (keeps the 1/tau factor) or 'bounded' (times 2*tau, divided by the scale_rewards std: pair "
         "weights in (0, 2), GRPO's advantage as tau grows) or 'matched' (each group rescaled to GRPO's total "
         "|advantage|).", choices=list(SCALES)))
+    truncated_pairs: str = field(default="ranked", metadata=help_text(
+        "How a completion cut at max_completion_length (no EOS) enters CAPO's pairs: 'ranked' (by its score, like "
+        "any other: an unconfident truncated wrong answer gets almost no advantage) or 'tied' (its pairs weigh as "
+        "if the two scores were equal: credited by its reward alone, as GRPO credits it).",
+        choices=list(TRUNCATED_PAIRS)))
 
 
 class CAPO(Method):
@@ -51,7 +57,7 @@ class CAPO(Method):
     def validate(cls, args: CAPOArgs, prefix: str = "CAPOConfig.") -> None:
         check_fields(args, prefix, positive=("tau",), choices={
             "advantage_normalization": NORMALIZATIONS, "surrogate": SURROGATES, "tau_mode": TAU_MODES,
-            "advantage_scale": SCALES})
+            "advantage_scale": SCALES, "truncated_pairs": TRUNCATED_PAIRS})
 
     def check(self, config) -> None:
         scale = getattr(config, "scale_rewards", "group")
@@ -69,8 +75,14 @@ class CAPO(Method):
             spread = within_group_std(batch.rewards, batch.scores, batch.num_generations).item()
             if math.isfinite(spread) and spread > 0:  # no mixed group means no pair: any tau gives zero
                 tau = a.tau * spread
+        tied = None
+        if a.truncated_pairs == "tied":
+            if batch.truncated is None:
+                raise ValueError("CAPOConfig.truncated_pairs='tied' needs AdvantageInputs.truncated (which completions "
+                                 "were cut at max_completion_length); the trainer fills it.")
+            tied = batch.truncated
         adv = capo_advantages(batch.rewards, batch.scores, batch.num_generations, tau, a.advantage_normalization,
-                              a.surrogate, a.advantage_scale)
+                              a.surrogate, a.advantage_scale, tied)
         if a.advantage_scale == "bounded":  # on TRL's scale: equals GRPO's advantage as tau grows
             adv = adv / reward_scale(batch.rewards, batch.num_generations, batch.scale_rewards)
         elif a.advantage_scale == "matched":

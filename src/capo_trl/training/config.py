@@ -72,6 +72,13 @@ class CAPOConfig(*_METHOD_ARGS, GRPOConfig):
             exactly GRPOTrainer's (`scale_rewards="group"`) or Dr. GRPO's (`"none"`). `"matched"`
             rescales each group to GRPO's total |advantage|: CAPO then only redistributes GRPO's
             credit towards mis-ranked pairs, at GRPO's step size, whatever `tau`.
+        truncated_pairs (`str`, defaults to `"ranked"`):
+            How a completion cut at `max_completion_length` (no EOS) enters CAPO's pairs. `"ranked"`: by
+            its score, like any other, so a truncated wrong answer far less confident than its group gets
+            almost no negative advantage. `"tied"`: each of its pairs weighs as if the two scores were
+            equal, so it is credited by its reward alone, as GRPO credits it (the relative `tau`'s spread
+            still counts its score). Under `mask_truncated_completions` its advantage leaves the loss, and
+            the finished completions of its group carry the opposite.
         noise_mask_guard (`bool`, defaults to `True`):
             When the mask would drop a whole class (every correct or every wrong completion) of a batch,
             keep that class in this batch, warn once and log `capo/mask_guard_kept`. A whole class

@@ -80,6 +80,7 @@ class StepRecord:
 
     rollout_logps: list[list[float]] | None = None  # recorded while transformers sampled
     completion_lengths: list[int] | None = None  # generated tokens per local row, truncated or not
+    truncated: list[bool] | None = None  # per local row: cut at max_completion_length (no EOS), as TRL tells it
     tool_masks: list[list[int]] | None = None  # TRL's per-row tool masks (1 = the policy's token), or None
     rewards_per_func: torch.Tensor | None = None  # (N_global, n_funcs), NaN = None
     ref_cache_start: tuple[int, int] | None = None  # (hits, lookups) before this batch
@@ -212,6 +213,8 @@ class CAPOTrainer(CheckpointedState, MethodLosses, ReferenceScoring, GRPOTrainer
         out = super()._generate(prompts)
         completion_ids, tool_masks = out[1], out[2]  # before mask_truncated_completions hides truncated rows
         self._record.completion_lengths = [len(ids) for ids in completion_ids]
+        eos_and_pad = {*self.eos_token_ids, self._tokenizer.pad_token_id}  # TRL's test for clipped_ratio
+        self._record.truncated = [bool(ids) and ids[-1] not in eos_and_pad for ids in completion_ids]
         self._record.tool_masks = tool_masks
         return out
 
@@ -257,7 +260,8 @@ class CAPOTrainer(CheckpointedState, MethodLosses, ReferenceScoring, GRPOTrainer
         batch = AdvantageInputs(
             rewards=rewards, scores=scores, num_generations=num_generations,
             trl_advantages=self.accelerator.gather(trl_advantages), step=self.state.global_step,
-            scale_rewards=self.scale_rewards, **self._verbalized_inputs(out, loss_mask),
+            scale_rewards=self.scale_rewards, truncated=self._gathered_truncated(record, rewards),
+            **self._verbalized_inputs(out, loss_mask),
             extra=self._rollout_inputs(out, loss_mask, inputs, mode),
         )
         advantages, extra = self.method.advantages(batch)
@@ -316,6 +320,12 @@ class CAPOTrainer(CheckpointedState, MethodLosses, ReferenceScoring, GRPOTrainer
         return {name: self.accelerator.gather(self.accelerator.pad_across_processes(value.float(), dim=1)
                                               if value.dim() == 2 else value.float())
                 for name, value in local.items()}
+
+    def _gathered_truncated(self, record: StepRecord, rewards: torch.Tensor) -> torch.Tensor | None:
+        """``(N_global,)`` bool: which completions of the global batch were cut at max_completion_length."""
+        if record.truncated is None:
+            return None
+        return self.accelerator.gather(torch.tensor(record.truncated, dtype=torch.uint8, device=rewards.device)).bool()
 
     def _verbalized_inputs(self, out, loss_mask) -> dict:
         """Stated confidence, format flag and confidence-block token mask, gathered (``parse_confidence`` hook)."""
