@@ -544,6 +544,32 @@ def render_real_study() -> str:
     return confirmatory.render(confirmatory.analyse(folder, confirmatory.REAL_STUDY), confirmatory.REAL_STUDY)
 
 
+def render_real_tied() -> str:
+    """The exploratory pilot of truncated_pairs: tied: collapse per seed next to the study's capo-nomask and grpo
+    runs of that seed (smollm2-tied/summary.json, written by `real_tied.py summary`: the study's collapse rule, so
+    the study's own commits never make this page stale), and this arm's endpoints (smollm2-tied/seed<k>.json)."""
+    folder = RESULTS / "smollm2-tied"
+    done = json.loads((folder / "summary.json").read_text())["collapsed"] if (folder / "summary.json").is_file() else {}
+    word = {True: "collapsed", False: "no", None: "not run yet"}
+    body = []
+    for seed in (100, 101, 102):
+        path = folder / f"seed{seed}.json"
+        row = [str(seed)] + [word[done.get(str(seed), {}).get(arm)]
+                             for arm in ("capo-nomask-tied", "capo-nomask", "grpo")]
+        if path.is_file():
+            r = json.loads(path.read_text())
+            num = lambda v, d=3: "undefined" if v is None else f"{v:.{d}f}"  # noqa: E731
+            row += [num(r["accuracy"]), num(r["auroc"]), num(r["auroc_question"]), num(r["ece"]), num(r["e_aurc"]),
+                    num(r["finished_frac"]), num(r["mean_tokens"], 1),
+                    num(max(x.get("completions/clipped_ratio", 0.0) for x in r["train"]), 2)]
+        else:
+            row += ["-"] * 8
+        body.append(row)
+    return table(["seed", "`tied`: collapsed", "study `capo-nomask`: collapsed", "study `grpo`: collapsed",
+                  "`tied`: accuracy", "pooled AUROC", "per-question AUROC", "ECE", "E-AURC", "finished",
+                  "mean tokens", "highest clipped ratio in training"], body)
+
+
 def render_recommended() -> str:
     """The one recommended configuration for a real model, with its evidence and limits per setting
     (capo_trl.training.defaults.RECOMMENDED and RECOMMENDATION): the same block on every page that recommends."""
@@ -580,7 +606,7 @@ RENDER = {"arithmetic-200-steps": render_main, "grader-noise-1-seed": render_noi
           "smollm2-start-mask": render_real_mask, "smollm2-calibrate-mask": render_real_calibrate,
           "smollm2-start-truncation": render_real_truncation, "smollm2-sweep": render_real_sweep,
           "smollm2-pilot": render_real_pilot, "smollm2-study": render_real_study,
-          "smollm2-study-words": render_real_words,
+          "smollm2-study-words": render_real_words, "smollm2-tied": render_real_tied,
           "smollm2-pilot2": lambda: render_real_pilot(RESULTS / "smollm2-pilot2"), "gpu-check": render_gpu_check,
           **TESTBED_RENDER}
 
