@@ -89,3 +89,18 @@ def test_server_mode_single_process(tiny_model_dir, tmp_path):
     trainer, seen, changed = train(tiny_model_dir, tmp_path, vllm_mode="server")
     assert vllm_standin.StandInVLLMGeneration.instances[-1].mode == "server" and changed > 0
     assert all(from_trl for _, _, from_trl, _ in seen)
+
+
+def test_truncated_flags_through_trls_vllm_branch(tiny_model_dir, tmp_path):
+    """truncated_pairs='tied' sees TRL's clipped rows as TRL counts them from vLLM's completions."""
+    args = CAPOConfig(output_dir=str(tmp_path), **{**COMMON, "truncated_pairs": "tied", "noise_mask": False})
+    trainer = CAPOTrainer(model=tiny_model_dir, reward_funcs=any_digit, args=args, train_dataset=tiny_dataset())
+    flags, advantages = [], trainer.method.advantages
+    trainer.method.advantages = lambda batch: (flags.append(batch.truncated), advantages(batch))[1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.train()
+    assert vllm_standin.StandInVLLMGeneration.instances[-1].calls == 2 and len(flags) == 2
+    assert [f.float().mean().item() for f in flags] == logged(trainer, "completions/clipped_ratio")
+    assert all(f.dtype == torch.bool for f in flags)
+    assert any(0 < f.float().mean() < 1 for f in flags)  # some rows of each kind
