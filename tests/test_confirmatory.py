@@ -209,18 +209,12 @@ def test_a_plain_task_has_no_guessable_means_and_a_run_that_never_finishes_colla
 def test_the_real_model_study_runs_what_its_protocol_says():
     """scripts/real_study.py runs the plan's arms on its seeds with the flags the protocol names, and the committed
     config.json is what its init writes."""
-    import importlib.util
-    import sys
     from pathlib import Path
 
+    from script_loader import load_script
+
     root = Path(__file__).parents[1]
-    sys.path.insert(0, str(root / "scripts"))
-    try:
-        spec = importlib.util.spec_from_file_location("real_study", root / "scripts" / "real_study.py")
-        study = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(study)
-    finally:
-        sys.path.remove(str(root / "scripts"))
+    study = load_script("real_study")
     plan, protocol = cf.REAL_STUDY, (root / "docs/results/smollm2-study/protocol.md").read_text()
     assert list(study.ARMS) == list(plan.arms) and study.SEEDS == list(range(100, 112)) and plan.looks == ((12, 0.05),)
     for arm, (_, flags) in study.ARMS.items():

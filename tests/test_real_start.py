@@ -1,19 +1,15 @@
 """scripts/real_start.py's accounting of unfinished answers, on samples whose answer is known by construction."""
 
 import csv
-import importlib.util
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from script_loader import load_script
 
 
 @pytest.fixture
 def real_start(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("real_start", ROOT / "scripts" / "real_start.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("real_start")
     monkeypatch.setattr(module, "ROOT", tmp_path)
     return module
 

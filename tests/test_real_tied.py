@@ -1,26 +1,12 @@
 """scripts/real_tied.py's summary: the study's collapse rule over this pilot's and the study's records."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        spec = importlib.util.spec_from_file_location("real_tied", ROOT / "scripts" / "real_tied.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
-    return module
+from script_loader import load_script
 
 
 def test_summary_applies_the_study_collapse_rule(tmp_path, monkeypatch):
-    tied = load()
+    tied = load_script("real_tied")
     monkeypatch.setattr(tied, "OUT", tmp_path / "tied")
     monkeypatch.setattr(tied, "STUDY", tmp_path / "study")
     write = lambda path, **rec: (path.parent.mkdir(parents=True, exist_ok=True), path.write_text(json.dumps(rec)))  # noqa: E731
