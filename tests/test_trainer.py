@@ -287,3 +287,22 @@ def test_truncated_flags_are_trls_clipped_rows(tiny_model_dir, tmp_path):
         assert torch.equal(truncated, mask.sum(1) == 0)
     assert [f.float().mean().item() for f in flags] == logged(trainer, "completions/clipped_ratio")
     assert any(0 < f.float().mean() < 1 for f in flags)  # some rows of each kind (max_completion_length=8)
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_warns_once_when_every_completion_is_truncated_and_masked(tiny_model_dir, tmp_path, caplog, masked):
+    """min_new_tokens = max_completion_length: no completion can end. Masked out of the loss, the steps train
+    nothing (the parameters stay as they were) and the trainer says so once; trained on, no warning."""
+    trainer = make(tiny_model_dir, tmp_path, noise_mask=False, max_completion_length=4,
+                   generation_kwargs={"min_new_tokens": 4}, mask_truncated_completions=masked)
+    before = params(trainer)
+    with caplog.at_level(logging.WARNING, logger="capo_trl.training.trainer"):
+        trainer.train()
+    hits = [r.getMessage() for r in caplog.records if r.name == "capo_trl.training.trainer"]
+    assert logged(trainer, "completions/clipped_ratio") == [1.0, 1.0, 1.0]
+    unchanged = all(torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+    assert unchanged == masked
+    if masked:
+        assert len(hits) == 1 and "global_step 0: all 8 completions of the rollout ran to max_completion_length=4" in hits[0], hits
+    else:
+        assert hits == []

@@ -1,4 +1,5 @@
-"""The ``capo/*`` calibration metrics of one rollout batch, logged every step for every method."""
+"""The ``capo/*`` calibration metrics of one rollout batch, logged every step for every method, and the warning
+for a rollout that cannot train."""
 
 from __future__ import annotations
 
@@ -35,3 +36,13 @@ def rollout_metrics(rewards: torch.Tensor, scores: torch.Tensor, advantages: tor
     if ref_ppl is not None:
         out["capo/ref_ppl_mean"] = torch.nanmean(ref_ppl).item()
     return out
+
+
+def all_truncated_warning(step: int, n: int, max_completion_length: int) -> str:
+    """Why a step whose completions all ran to the limit trains nothing, and why a run rarely leaves that state."""
+    return (f"global_step {step}: all {n} completions of the rollout ran to max_completion_length="
+            f"{max_completion_length} without an EOS, "
+            "and mask_truncated_completions leaves every one out of the loss, so they train nothing. A run "
+            "that samples only such completions stays there (nothing in the loss pushes it back): watch "
+            "completions/clipped_ratio, and stop the run or restart it with a lower learning_rate or a larger "
+            "max_completion_length. Warned once per run.")

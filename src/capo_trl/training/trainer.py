@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import trl
+from accelerate.logging import get_logger
 from accelerate.utils import gather_object, is_peft_model
 from packaging.version import Version
 from trl import GRPOTrainer
@@ -40,13 +41,15 @@ from .mask import NoiseMask
 from ..methods import AdvantageInputs, Rollout, resolve_method
 from ..methods.base import verbalized_inputs
 from .model_card import CAPO_PAPER, name_local_models, settings_section
-from .monitor import rollout_metrics
+from .monitor import all_truncated_warning, rollout_metrics
 from ..evaluation.prefill import shared_prefill
 from ..evaluation.recorder import RolloutLogprobRecorder, distribution_changes
 from .reference import (ReferenceScoreCache, adapter_is_identity, add_reference_adapter, build_reference,
                         check_peft_reference, snapshot)
 from .scoring import ReferenceScoring
 from .skipping import SKIP_FIELD, resolve_skipping
+
+logger = get_logger(__name__)  # accelerate's: a warning from the main process only
 
 if TYPE_CHECKING:  # the constructor's annotations (GRPOTrainer's parameters), without importing these at runtime
     from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict
@@ -159,6 +162,7 @@ class CAPOTrainer(CheckpointedState, MethodLosses, ReferenceScoring, GRPOTrainer
         self._ref_cache_usable = args.ref_cache_size > 0 and not self._sharded  # sharded forwards are collective
         self._record = StepRecord()
         self._mask = NoiseMask(args) if args.noise_mask else None
+        self._warned_all_truncated = False
         # TRL averages an entropy bonus over the mask's kept rows, so unscored (kept) tied rows would change it
         entropy_bonus = args.entropy_coef != 0.0 or args.use_adaptive_entropy
         normaliser_free = args.loss_type in MASK_FREE_NORMALISER or args.noise_mask_normalizer == "unmasked"
@@ -264,6 +268,7 @@ class CAPOTrainer(CheckpointedState, MethodLosses, ReferenceScoring, GRPOTrainer
             **self._verbalized_inputs(out, loss_mask),
             extra=self._rollout_inputs(out, loss_mask, inputs, mode),
         )
+        self._warn_if_all_truncated(batch.truncated, mode)
         advantages, extra = self.method.advantages(batch)
         for name, value in extra.items():
             self._metrics[mode][name].append(value)
@@ -366,6 +371,14 @@ class CAPOTrainer(CheckpointedState, MethodLosses, ReferenceScoring, GRPOTrainer
         for _ in range(min(len(advantages), len(logged))):
             logged.pop()
         logged.extend(advantages.tolist())
+
+    def _warn_if_all_truncated(self, truncated: torch.Tensor | None, mode: str) -> None:
+        """A step with every completion truncated and masked out of the loss is a silent no-op: say so once."""
+        if (mode == "train" and self.args.mask_truncated_completions and truncated is not None
+                and bool(truncated.all()) and not self._warned_all_truncated):
+            self._warned_all_truncated = True
+            logger.warning(all_truncated_warning(self.state.global_step, truncated.numel(),
+                                                 self.args.max_completion_length), main_process_only=True)
 
     def _log_calibration(self, mode, record: StepRecord, advantages, num_generations) -> None:
         # TRL's completions table (log_completions=True): why each sample got its advantage or was dropped
