@@ -20,7 +20,7 @@ from pathlib import Path
 from real_pilot import ROOT, record, train_and_test
 from real_study import ARMS, STEPS, TASK, TRAIN_LOG
 
-from capo_trl.harness.confirmatory import PLANS
+from capo_trl.harness.confirmatory import PLANS, collapsed as study_collapsed
 
 OUT = ROOT / "docs" / "results" / "smollm2-tied"
 STUDY = ROOT / "docs" / "results" / "smollm2-study"
@@ -43,8 +43,8 @@ def run_one(seed: int, runs: Path) -> Path:
 
 
 def collapsed(rec: dict) -> bool:
-    """The study's rule: mean length at least ``collapse_tokens`` or too few samples finished."""
-    return rec["mean_tokens"] >= PLAN.collapse_tokens or rec.get("finished_frac", 1.0) < PLAN.min_finished
+    """The study's rule (``confirmatory.collapsed``)."""
+    return study_collapsed(rec, PLAN)
 
 
 def summary() -> dict:

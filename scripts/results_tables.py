@@ -318,8 +318,8 @@ def study_words(task: str) -> str:
 
 
 def render_real_words() -> str:
-    """The real model's study in words (capo_trl.harness.evidence.real_words): that no result exists before its look,
-    every pre-registered endpoint after it, from its committed files."""
+    """The real model's study in words (capo_trl.harness.evidence.real_words): before its look that no result exists
+    and its safety reading (collapsed runs), every pre-registered endpoint after it, from its committed files."""
     from capo_trl.harness import evidence
 
     return evidence.real_words(evidence.measure_real(RESULTS / evidence.REAL_STUDY_FOLDER))

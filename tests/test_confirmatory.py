@@ -258,9 +258,12 @@ def test_the_real_study_words_follow_the_interval(tmp_path, effect, verdict, kin
     from capo_trl.harness import evidence
 
     folder = write_real_study(tmp_path / "smollm2-study", range(100, 111), effect)
-    assert evidence.measure_real(folder) is None  # 11 complete seeds: no look, no numbers
-    assert evidence.real_words(None).startswith("On a real model, SmolLM2-135M-Instruct") and "no CAPO result" in \
-        evidence.real_words(None)
+    pending = evidence.measure_real(folder)  # 11 complete seeds: no look, no endpoint, only the safety reading
+    assert pending == {"look": False, "planned": 12, "finished": dict.fromkeys(cf.REAL_STUDY.arms, 11),
+                       "collapsed": dict.fromkeys(cf.REAL_STUDY.arms, 0), "rule": (30.0, 0.5)}
+    words = " ".join(evidence.real_words(pending).split())
+    assert words.startswith("On a real model, SmolLM2-135M-Instruct") and "no calibration result for CAPO" in words
+    assert "analysis at 12 complete seeds" in words and "AUROC" not in words.split("Its safety reading")[1]
     write_real_study(folder, [111], effect)
     r = evidence.measure_real(folder)
     a = cf.analyse(folder, cf.REAL_STUDY)
@@ -272,6 +275,27 @@ def test_the_real_study_words_follow_the_interval(tmp_path, effect, verdict, kin
     for endpoint, arm, minus, *_ in r["secondary"]:
         assert f"{evidence.ENDPOINTS[endpoint]}, {arm} minus {minus}: " in text
     assert text.count("Holm p = ") == 5 and "Collapsed runs of 12: grpo 0, capo-nomask 0" in text
+
+
+def test_the_real_study_safety_reading_counts_every_finished_run(tmp_path):
+    """Before the look the README gives the protocol's collapse count over every finished run (complete seed or
+    not) and nothing else: a run collapses at 30 mean tokens or more, or under half of its answers ending."""
+    from capo_trl.harness import evidence
+
+    folder = write_real_study(tmp_path / "smollm2-study", [100, 101], 0.0)
+    for arm, seed, change in (("capo-nomask", 100, {"mean_tokens": 30.0}), ("capo-nomask", 101, {"mean_tokens": 29.9}),
+                              ("capo-mask-paper", 101, {"finished_frac": 0.49})):
+        rec = json.loads((folder / arm / f"seed{seed}.json").read_text())
+        (folder / arm / f"seed{seed}.json").write_text(json.dumps({**rec, **change}))
+    (folder / "grpo" / "seed101.json").unlink()
+    r = evidence.measure_real(folder)
+    assert r["finished"] == {"grpo": 1, "capo-nomask": 2, "capo-mask-paper": 2, "capo-mask-measured": 2}
+    assert r["collapsed"] == {"grpo": 0, "capo-nomask": 1, "capo-mask-paper": 1, "capo-mask-measured": 0}
+    words = " ".join(evidence.real_words(r).split())
+    assert words.endswith("of those finished: grpo 0 of 1, capo-nomask 1 of 2, capo-mask-paper 1 of 2, "
+                          "capo-mask-measured 0 of 2.")
+    empty = {**r, "finished": dict.fromkeys(r["finished"], 0), "collapsed": dict.fromkeys(r["finished"], 0)}
+    assert "safety reading" not in evidence.real_words(empty)
 
 
 def test_an_undefined_auroc_counts_as_the_amendment_says(tmp_path):

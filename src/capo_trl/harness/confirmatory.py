@@ -156,6 +156,11 @@ def _count_undefined(runs: dict, plan: Plan) -> list[tuple]:
     return found
 
 
+def collapsed(rec: dict, plan: Plan) -> bool:
+    """The protocol's collapse rule for one finished run: its test answers too long, or too few of them ended."""
+    return rec["mean_tokens"] >= plan.collapse_tokens or rec.get("finished_frac", 1.0) < plan.min_finished
+
+
 def _contrast(runs, seeds, endpoint, arm, minus, confidence=0.95, flip=False) -> dict:
     """``arm - minus`` by seed; the sign-flip test only where the protocol uses it (the primary's sensitivity)."""
     diffs = [runs[arm][s][endpoint] - runs[minus][s][endpoint] for s in seeds]
@@ -178,6 +183,9 @@ def analyse(folder: Path, plan: Plan) -> dict:
     closed_file = folder / "closed.json"
     closed = json.loads(closed_file.read_text()) if closed_file.is_file() else None
     out = {"finished": {arm: sorted(r) for arm, r in runs.items()}, "planned_seeds": config["seeds"],
+           # safety, reported as runs finish (no endpoint): every finished run, complete seed or not
+           "collapsed_finished": {arm: sorted(s for s, rec in r.items() if collapsed(rec, plan))
+                                  for arm, r in runs.items()},
            "deadline": plan.deadline, "closed": closed, "look": None, "undefined": undefined}
     looks = _looks(config, runs, plan, closed is not None)
     if not looks:
@@ -198,8 +206,7 @@ def analyse(folder: Path, plan: Plan) -> dict:
         c["holm_p"], c["rejected"] = adjusted[i], holds and adjusted[i] < plan.family_alpha
     ref = next(iter(plan.arms))
     safety = {k: {arm: _contrast(runs, seeds, k, arm, ref) for arm in list(plan.arms)[1:]} for k in plan.safety}
-    collapse = {arm: [s for s in seeds if runs[arm][s]["mean_tokens"] >= plan.collapse_tokens
-                      or runs[arm][s].get("finished_frac", 1.0) < plan.min_finished] for arm in plan.arms}
+    collapse = {arm: [s for s in seeds if collapsed(runs[arm][s], plan)] for arm in plan.arms}
     keys = (plan.primary[0], *plan.safety, "guessable/modal_share", "mean_tokens", *plan.descriptive)
     # a key a task has no items for (the guessable ones of a plain task) is nan, not an error
     means = {arm: {k: float(np.mean([runs[arm][s].get(k, math.nan) for s in seeds])) for k in keys}

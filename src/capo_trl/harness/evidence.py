@@ -163,21 +163,25 @@ def headline(r: dict | None = None) -> str:
 REAL_STUDY_FOLDER = "smollm2-study"
 REAL_MODEL = "SmolLM2-135M-Instruct (dequantised from Q4_1, LoRA on CPU)"
 REAL_PENDING = (
-    f"On a real model, {REAL_MODEL}, no CAPO result exists yet. Two pre-registered pilots found GRPO losing pooled "
-    "AUROC on two-digit addition on 3 of 3 seeds once truncated completions were out of the loss (without that, 2 "
-    "of 6 runs drifted into answers that never end); whether CAPO keeps it there is the question of a "
-    "confirmatory study committed before its runs, running now.")
+    f"On a real model, {REAL_MODEL}, no calibration result for CAPO exists yet. Two pre-registered pilots found GRPO "
+    "losing pooled AUROC on two-digit addition on 3 of 3 seeds once truncated completions were out of the loss "
+    "(without that, 2 of 6 runs drifted into answers that never end); whether CAPO keeps it there is the question "
+    "of a confirmatory study committed before its runs, running now, its analysis at {planned} complete seeds.")
 
 
-def measure_real(folder: Path) -> dict | None:
-    """The real model's study at the look that ends it, rounded as printed; None before that look."""
+def measure_real(folder: Path) -> dict:
+    """The real model's study at the look that ends it, rounded as printed; before that look (``look`` False)
+    only its safety reading: how many of the finished runs of each arm collapsed by the protocol's rule."""
     from .confirmatory import REAL_STUDY, analyse
 
     a = analyse(folder, REAL_STUDY)
     if a["look"] is None or not a["look"]["stop"]:
-        return None
+        return {"look": False, "planned": len(a["planned_seeds"]),
+                "finished": {arm: len(s) for arm, s in a["finished"].items()},
+                "collapsed": {arm: len(s) for arm, s in a["collapsed_finished"].items()},
+                "rule": (REAL_STUDY.collapse_tokens, REAL_STUDY.min_finished)}
     p, seeds = a["primary"], a["look"]["seeds"]
-    r = {"seeds": len(seeds), "level": round(p["confidence"], 3), "start": round(a["start"]["auroc"], 3),
+    r = {"look": True, "seeds": len(seeds), "level": round(p["confidence"], 3), "start": round(a["start"]["auroc"], 3),
          "grpo": round(a["means"]["grpo"]["auroc"], 3), "nomask": round(a["means"]["capo-nomask"]["auroc"], 3),
          "primary": tuple(round(p[k], 3) for k in ("mean", "low", "high")), "p": round(p["p"], 4),
          "flip_p": round(p["flip_p"], 4), "above": p["favour"], "holds": bool(p["holds"]),
@@ -193,10 +197,22 @@ def measure_real(folder: Path) -> dict | None:
     return r
 
 
-def real_words(r: dict | None) -> str:
-    """The real model's study in words, every pre-registered endpoint with it; before its look, that none exists."""
-    if r is None:
-        return _fill(REAL_PENDING)
+def _real_safety(r: dict) -> str:
+    """The study's safety reading before its look: collapsed of finished runs per arm (no endpoint)."""
+    if not any(r["finished"].values()):
+        return ""
+    tokens, finished = r["rule"]
+    counts = ", ".join(f"{arm} {r['collapsed'][arm]} of {n}" for arm, n in r["finished"].items())
+    return (f" Its safety reading so far, not its analysis: runs that collapsed into answers that never end (test "
+            f"answers of {tokens:g} tokens or more of 32 on average, or under {finished:g} of them ending), of those "
+            f"finished: {counts}.")
+
+
+def real_words(r: dict) -> str:
+    """The real model's study in words, every pre-registered endpoint with it; before its look, that none exists
+    and its safety reading."""
+    if not r["look"]:
+        return _fill(REAL_PENDING.format(planned=r["planned"]) + _real_safety(r))
     low, high = r["primary"][1:]
     verdict = ("CAPO without the noise mask kept pooled AUROC better than GRPO there" if r["holds"] and low > 0 else
                "CAPO without the noise mask ranked answers worse than GRPO there" if r["holds"] else
