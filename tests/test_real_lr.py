@@ -1,0 +1,78 @@
+"""scripts/real_lr.py: its arms are the study's at a third of the learning rate, and its summary applies the
+protocol's checks and decisions (written before the pilot's runs)."""
+
+import json
+
+import pytest
+
+from script_loader import load_script
+
+
+def test_arms_are_the_study_arms_at_a_third_of_the_learning_rate():
+    lr, study = load_script("real_lr"), load_script("real_study")
+    assert list(lr.ARMS) == ["grpo-lr3e-4", "capo-nomask-lr3e-4"]
+    for arm, base in zip(lr.ARMS, ("grpo", "capo-nomask")):
+        recipe, flags = lr.ARMS[arm]
+        assert (recipe, flags[:-2]) == study.ARMS[base] and flags[-2:] == ["--learning_rate", "3e-4"]
+    assert "entropy" in lr.LOG and set(study.TRAIN_LOG) < set(lr.LOG)
+
+
+def test_the_study_cli_takes_the_learning_rate_over_the_recipe():
+    """The flag the runner appends wins over the recipe's 1e-3 (parsed, not trained)."""
+    lr = load_script("real_lr")
+    from capo_trl.cli.train_args import parse_args
+
+    recipe, flags = lr.ARMS["capo-nomask-lr3e-4"]
+    _, training_args, _ = parse_args(["--config", str(lr.ROOT / recipe), "--dataset_name", "addition", *flags,
+                                      "--output_dir", "unused"])
+    assert training_args.learning_rate == pytest.approx(3e-4) and training_args.mask_truncated_completions
+
+
+START = {"accuracy": 0.27, "auroc": 0.86, "mean_tokens": 23.7, "finished_frac": 0.95}
+
+
+def write(folder, arm, seed, **rec):
+    (folder / arm).mkdir(parents=True, exist_ok=True)
+    (folder / arm / f"seed{seed}.json").write_text(json.dumps({**START, **rec}))
+
+
+@pytest.fixture
+def pilot(tmp_path, monkeypatch):
+    lr = load_script("real_lr")
+    monkeypatch.setattr(lr, "OUT", tmp_path / "lr")
+    (tmp_path / "start.json").write_text(json.dumps(START))
+    monkeypatch.setattr(lr, "START", tmp_path / "start.json")
+    return lr, tmp_path / "lr"
+
+
+def test_checks_are_the_study_rule_and_the_pilots_criterion(pilot):
+    lr, _ = pilot
+    start = START
+    loses = {**START, "accuracy": 0.29, "auroc": 0.83}  # exactly at both margins, no collapse
+    assert lr.checks(loses, start) == {"collapsed": False, "accuracy_rises": True, "auroc_falls": True,
+                                       "loses_calibration": True, "trains": True}
+    keeps = {**loses, "auroc": 0.8301}
+    assert lr.checks(keeps, start)["loses_calibration"] is False and lr.checks(keeps, start)["trains"] is True
+    drifted = {**loses, "mean_tokens": 30.0, "auroc": 0.5}
+    assert lr.checks(drifted, start) == {"collapsed": True, "accuracy_rises": True, "auroc_falls": True,
+                                         "loses_calibration": False, "trains": False}
+    assert lr.checks({**loses, "finished_frac": 0.49}, start)["collapsed"] is True
+
+
+@pytest.mark.parametrize("capo_drifts, grpo_keeps, candidate, recipe_lr", [
+    (False, False, True, "3e-4"), (True, False, False, None), (False, True, False, "3e-4")])
+def test_summary_decides_only_once_all_six_ran(pilot, capo_drifts, grpo_keeps, candidate, recipe_lr):
+    lr, folder = pilot
+    for seed in lr.SEEDS:
+        write(folder, lr.GRPO, seed, accuracy=0.35, auroc=0.80 if not (grpo_keeps and seed == 102) else 0.85)
+        if seed != 102:
+            write(folder, lr.CAPO, seed, accuracy=0.33, auroc=0.86)
+    partial = lr.summary()
+    assert partial["done"] == {lr.GRPO: [100, 101, 102], lr.CAPO: [100, 101]}
+    assert partial["complete"] is False and partial["decided"] is None and partial["runs"][lr.CAPO][102] is None
+    write(folder, lr.CAPO, 102, accuracy=0.33, auroc=0.86, mean_tokens=32.0 if capo_drifts else 23.0)
+    result = lr.summary()
+    assert result["count"][lr.CAPO] == {"collapsed": int(capo_drifts), "loses_calibration": 0,
+                                        "trains": 3 - int(capo_drifts)}
+    assert result["count"][lr.GRPO]["loses_calibration"] == 3 - int(grpo_keeps)
+    assert result["decided"] == {"candidate": candidate, "recipe_learning_rate": recipe_lr}
