@@ -23,10 +23,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+from results_common import RESULTS, ROOT, summary, table
+from results_real import REAL_RENDER
+
 from capo_trl.harness.paired import holm, paired_test, t_power
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "docs" / "results"
 PAGES = (ROOT / "README.md", ROOT / "docs" / "concepts.md", ROOT / "docs" / "config.md", ROOT / "docs" / "faq.md",
          RESULTS / "README.md", *sorted(RESULTS.glob("*/README.md")))
 BLOCK = re.compile(r"(<!-- (?P<kind>table|text): (?P<name>[\w-]+) \(rendered by scripts/results_tables\.py\) -->\n)"
@@ -37,15 +38,6 @@ ENDPOINTS = ("accuracy", "auroc", "auroc_question", "ece")  # the column order o
 def rows(path: str) -> list[dict]:
     with open(RESULTS / path, newline="") as f:
         return list(csv.DictReader(f))
-
-
-def summary(path: str) -> dict:
-    return json.loads((RESULTS / path).read_text())
-
-
-def table(header: list[str], body: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in body]) + "\n"
 
 
 def mean_sd(values: list[float], digits: int = 3) -> str:
@@ -317,14 +309,6 @@ def study_words(task: str) -> str:
     return evidence.study_words(task, evidence.measure(RESULTS / evidence.STUDY_OF_TASK[task], task))
 
 
-def render_real_words() -> str:
-    """The real model's study in words (capo_trl.harness.evidence.real_words): before its look that no result exists
-    and its safety reading (collapsed runs), every pre-registered endpoint after it, from its committed files."""
-    from capo_trl.harness import evidence
-
-    return evidence.real_words(evidence.measure_real(RESULTS / evidence.REAL_STUDY_FOLDER))
-
-
 def render_headline() -> str:
     """The README's one sentence of result (capo_trl.harness.evidence.headline), from the committed files."""
     from capo_trl.harness import evidence
@@ -391,125 +375,6 @@ def render_redraw_study() -> str:
     return confirmatory.render(confirmatory.analyse(folder, confirmatory.REDRAW_STUDY), confirmatory.REDRAW_STUDY)
 
 
-REAL_START = {"addition": "two-digit addition", "addition-guess-half": "addition, half the items hiding an operand"}
-
-
-def render_real_start() -> str:
-    """The real model's start (no RL) on each of its tasks' test splits (smollm2-start/<task>/report.json)."""
-    body = []
-    for task, what in REAL_START.items():
-        m = summary(f"smollm2-start/{task}/report.json")["metrics"]
-        body.append([f"`{task}` ({what})", f"{int(m['n_problems'])} x {int(m['n_samples'] / m['n_problems'])}",
-                     f"{m['pass@1']:.3f}", f"{m['auroc']:.3f}", f"{m['auroc_question']:.3f}", f"{m['ece']:.3f}",
-                     f"{m['e_aurc']:.3f}", f"{m['finished_frac']:.3f}", f"{m['mean_tokens']:.1f}"])
-    return table(["task", "problems x samples", "accuracy", "pooled AUROC", "per-question AUROC", "ECE", "E-AURC",
-                  "finished", "mean tokens"], body)
-
-
-def render_real_mask() -> str:
-    """The start model's samples by kind of item, and what the paper's thresholds would drop of them
-    (smollm2-start/<task>/paper-mask.json; the start model is the reference, so exp(-s) is the reference PPL)."""
-    body = []
-    for task in REAL_START:
-        m = summary(f"smollm2-start/{task}/paper-mask.json")
-        kinds = "; ".join(f"{k} {m[k + '/accuracy']:.3f}" for k in ("derivable", "guessable") if k + "/accuracy" in m)
-        body.append([f"`{task}`", kinds, f"{m['n_correct']} / {m['n_wrong']}", f"{m['dropped_correct']:.3f}",
-                     f"{m['dropped_wrong']:.3f}", f"{m['ppl_correct_max']:.2f}", f"{m['ppl_wrong_min']:.3f}"])
-    return table(["task", "accuracy by item", "right / wrong samples", f"right dropped (PPL > {m['ref_high']})",
-                  f"wrong dropped (PPL < {m['ref_low']})", "highest PPL of a right one", "lowest PPL of a wrong one"],
-                 body)
-
-
-def render_real_calibrate() -> str:
-    """calibrate-mask on the real model: 512 train problems x 8 (smollm2-start/<task>/calibrate-mask.json)."""
-    body = []
-    for task in REAL_START:
-        path = RESULTS / "smollm2-start" / task / "calibrate-mask.json"
-        if not path.is_file():
-            continue
-        m = json.loads(path.read_text())
-        q = lambda key: " / ".join(f"{v:.3f}" for v in m[key])  # noqa: E731
-        body.append([f"`{task}`", f"{m['n_problems']} x {m['n_samples'] // m['n_problems']}", f"{m['mixed_groups']}",
-                     f"{m['reference_accuracy']:.3f}", f"{m['reference_auroc']:.3f}", f"{m['score_spread']:.3f}",
-                     f"{m['ref_high']:.3f}", f"{m['ref_low']:.3f}", q("ppl_correct_quartiles"), q("ppl_wrong_quartiles")])
-    return table(["task", "problems x samples", "mixed groups", "accuracy", "AUROC", "score spread (absolute tau)",
-                  "ref_high", "ref_low", "PPL of right answers (quartiles)", "PPL of wrong answers (quartiles)"], body)
-
-
-def render_real_truncation() -> str:
-    """GRPO's and CAPO's advantages of the start model's test samples taken as training batches, by kind
-    (smollm2-start/<task>/truncation.json): what unfinished samples carry, out of the loss."""
-    body = []
-    for task in REAL_START:
-        m = summary(f"smollm2-start/{task}/truncation.json")
-        body.append([f"`{task}`", f"{m['mixed_groups']} ({m['mixed_groups_with_unfinished']})",
-                     f"{m['n/right']} / {m['n/wrong_finished']} / {m['n/wrong_unfinished']}",
-                     " / ".join(f"{m['score/' + k]:.2f}" for k in ("right", "wrong_finished", "wrong_unfinished"))]
-                    + [" / ".join(f"{m[f'{name}/advantage/{k}']:+.3f}" for k in ("right", "wrong_finished",
-                                                                                 "wrong_unfinished"))
-                       for name in ("grpo", "capo")]
-                    + [f"{m[f'{name}/unfinished_total_per_group']:+.3f}" for name in ("grpo", "capo", "capo_tied")])
-    return table(["task", "mixed groups (with an unfinished sample)", "samples: right / wrong finished / wrong unfinished",
-                  "mean score (nats), same order", "GRPO mean advantage, same order", "CAPO mean advantage, same order",
-                  "GRPO: unfinished total per mixed group", "CAPO: unfinished total per mixed group",
-                  "CAPO, `truncated_pairs: tied`: unfinished total per mixed group"], body)
-
-
-SWEEP = RESULTS / "smollm2-sweep"
-
-
-def render_real_sweep() -> str:
-    """The real model's exploratory sweep, one row per arm (smollm2-sweep/<arm>.json, scripts/real_sweep.py);
-    the criterion of its protocol: validation accuracy +0.10 from step 0 to step 100, mean length < 30 at 100."""
-    body = []
-    for path in sorted(SWEEP.glob("S*.json")):
-        m = json.loads(path.read_text())
-        val = {v["step"]: v for v in m["validation"]}
-        first, last = val[min(val)], val[max(val)]
-        length = next((r["completions/mean_length"] for r in m["train"] if r["step"] == 100), None)
-        acc = lambda v: f"{v['val/mean@4']:.3f} [{v['val/mean@4_ci_low']:.3f}, {v['val/mean@4_ci_high']:.3f}]"  # noqa: E731
-        num = lambda x: "undefined" if x is None else f"{x:.3f}"  # noqa: E731  (AUROC with no right answer)
-        met = (100 in val and length is not None
-               and val[100]["val/mean@4"] - first["val/mean@4"] >= 0.10 and length < 30)
-        minutes = f"{sum(m['wall_s']) / 60:.0f}" if m["wall_s"] else "running"
-        body.append([m["arm"], f"{m['learning_rate']:g}", m["layers"], str(m["global_step"]),
-                     " / ".join(acc(val[s]) for s in sorted(val)), f"{num(first['val/auroc'])} / {num(last['val/auroc'])}",
-                     f"{num(first['val/ece'])} / {num(last['val/ece'])}",
-                     f"{length:.1f}" if length is not None else "-", "yes" if met else "no", minutes])
-    return table(["arm", "learning rate", "LoRA on", "steps", "validation accuracy every 50 steps from 0 [95% CI]",
-                  "pooled AUROC first / last", "ECE first / last", "mean length at 100", "criterion met (at 100)",
-                  "wall minutes"], body)
-
-
-PILOT = RESULTS / "smollm2-pilot"
-
-
-def render_real_pilot(folder: Path = PILOT) -> str:
-    """A real model's pilot (<folder>/<task>-seed<k>.json, verdict.json; scripts/real_pilot.py): per task, the
-    start and each GRPO seed on the test split, and each seed's checks of the pre-registered criterion."""
-    verdict = json.loads((folder / "verdict.json").read_text())
-    body = []
-    for task, v in verdict.items():
-        runs = [("start", v["start"], None)] + [(f"GRPO seed {s}", json.loads((folder / f"{task}-seed{s}.json").read_text()),
-                                                 v["per_seed"][str(s)]) for s in v["seeds_done"]]
-        for label, m, checks in runs:
-            guess = f"{m['guessable/accuracy']:.3f} / {m['guessable/modal_share']:.3f}" if "guessable/accuracy" in m else "-"
-            failed = [] if checks is None else [k for k in ("accuracy_rises", "auroc_falls", "no_collapse")
-                                                 if not checks[k]]
-            met = "-" if checks is None else "yes" if checks["required_met"] else f"no ({', '.join(failed)})"
-            per_q = "-" if checks is None else "yes" if checks["auroc_question_falls"] else "no"
-            body.append([f"`{task}`", label, f"{m['accuracy']:.3f} [{m['accuracy_ci'][0]:.3f}, {m['accuracy_ci'][1]:.3f}]",
-                         f"{m['auroc']:.3f}", f"{m['auroc_question']:.3f}", f"{m['ece']:.3f}", f"{m['e_aurc']:.3f}",
-                         f"{m['mean_tokens']:.1f}", f"{m['finished_frac']:.3f}", guess, met, per_q])
-        seeds = len(v["seeds_done"])
-        verdict_text = ("**test bed**" if v["test_bed"] else "**not a test bed**") if v["complete"] else \
-            f"open ({seeds} of 3 seeds)"
-        body.append([f"`{task}`", "verdict", verdict_text, "", "", "", "", "", "", "", "", ""])
-    return table(["task", "model", "accuracy [95% CI]", "pooled AUROC", "per-question AUROC", "ECE", "E-AURC",
-                  "mean tokens", "finished", "guessable accuracy / modal share", "criterion met (failed checks)",
-                  "per-question AUROC fell >= 0.03"], body)
-
-
 def render_gpu_check() -> str:
     """scripts/gpu_check.sh's step costs on one GPU (gpu-check/gpu_check.json): a variant the time limit cut off
     is listed as not reached, never left out."""
@@ -534,40 +399,6 @@ def render_gpu_check() -> str:
                      f"{r['step_time_s']:.2f}", f"{r['tokens_per_s']:.0f}", f"{r['peak_memory_gib']:.2f}", ratio])
     return table(["variant", "estimator", "noise mask", "LoRA", "ZeRO-3", "measured steps: seconds each",
                   "median s/step", "tokens/s", "peak GiB", "step time / peak memory"], body)
-
-
-def render_real_study() -> str:
-    """The real model's confirmatory study: the protocol's analysis of its committed run files."""
-    from capo_trl.harness import confirmatory
-
-    folder = RESULTS / "smollm2-study"
-    return confirmatory.render(confirmatory.analyse(folder, confirmatory.REAL_STUDY), confirmatory.REAL_STUDY)
-
-
-def render_real_tied() -> str:
-    """The exploratory pilot of truncated_pairs: tied: collapse per seed next to the study's capo-nomask and grpo
-    runs of that seed (smollm2-tied/summary.json, written by `real_tied.py summary`: the study's collapse rule, so
-    the study's own commits never make this page stale), and this arm's endpoints (smollm2-tied/seed<k>.json)."""
-    folder = RESULTS / "smollm2-tied"
-    done = json.loads((folder / "summary.json").read_text())["collapsed"] if (folder / "summary.json").is_file() else {}
-    word = {True: "collapsed", False: "no", None: "not run yet"}
-    body = []
-    for seed in (100, 101, 102):
-        path = folder / f"seed{seed}.json"
-        row = [str(seed)] + [word[done.get(str(seed), {}).get(arm)]
-                             for arm in ("capo-nomask-tied", "capo-nomask", "grpo")]
-        if path.is_file():
-            r = json.loads(path.read_text())
-            num = lambda v, d=3: "undefined" if v is None else f"{v:.{d}f}"  # noqa: E731
-            row += [num(r["accuracy"]), num(r["auroc"]), num(r["auroc_question"]), num(r["ece"]), num(r["e_aurc"]),
-                    num(r["finished_frac"]), num(r["mean_tokens"], 1),
-                    num(max(x.get("completions/clipped_ratio", 0.0) for x in r["train"]), 2)]
-        else:
-            row += ["-"] * 8
-        body.append(row)
-    return table(["seed", "`tied`: collapsed", "study `capo-nomask`: collapsed", "study `grpo`: collapsed",
-                  "`tied`: accuracy", "pooled AUROC", "per-question AUROC", "ECE", "E-AURC", "finished",
-                  "mean tokens", "highest clipped ratio in training"], body)
 
 
 def render_recommended() -> str:
@@ -602,13 +433,8 @@ RENDER = {"arithmetic-200-steps": render_main, "grader-noise-1-seed": render_noi
           "arithmetic-powered-exploratory": render_exploratory, "arithmetic-powered-collapse": render_collapse,
           "calibrated-confidence": render_confidence, "guess-pilot-300-steps": lambda: render_pilot(300),
           "guess-pilot-600-steps": lambda: render_pilot(600), "guess-pilot-1000-steps": lambda: render_pilot(1000),
-          "guess-half-comparison": render_testbed_compare, "smollm2-start": render_real_start,
-          "smollm2-start-mask": render_real_mask, "smollm2-calibrate-mask": render_real_calibrate,
-          "smollm2-start-truncation": render_real_truncation, "smollm2-sweep": render_real_sweep,
-          "smollm2-pilot": render_real_pilot, "smollm2-study": render_real_study,
-          "smollm2-study-words": render_real_words, "smollm2-tied": render_real_tied,
-          "smollm2-pilot2": lambda: render_real_pilot(RESULTS / "smollm2-pilot2"), "gpu-check": render_gpu_check,
-          **TESTBED_RENDER}
+          "guess-half-comparison": render_testbed_compare, "gpu-check": render_gpu_check,
+          **TESTBED_RENDER, **REAL_RENDER}
 
 
 def render(text: str) -> str:

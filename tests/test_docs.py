@@ -8,7 +8,6 @@ sentence added tomorrow is checked like the ones written today.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import re
 import shlex
 from dataclasses import fields
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -239,10 +239,7 @@ def test_every_config_field_the_docs_name_exists():
 # ------------------------------------------------------------------------------------ results tables and prose
 def script(name: str):
     """A module of scripts/ (the results renderers), loaded from its file."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(name)
 
 
 def test_every_number_in_the_results_prose_is_cited_to_a_committed_file():

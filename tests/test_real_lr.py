@@ -76,3 +76,21 @@ def test_summary_decides_only_once_all_six_ran(pilot, capo_drifts, grpo_keeps, c
                                         "trains": 3 - int(capo_drifts)}
     assert result["count"][lr.GRPO]["loses_calibration"] == 3 - int(grpo_keeps)
     assert result["decided"] == {"candidate": candidate, "recipe_learning_rate": recipe_lr}
+
+
+def test_its_page_shows_each_run_checks_and_the_decisions_once_all_ran(pilot, monkeypatch):
+    lr, folder = pilot
+    real = load_script("results_real")
+    monkeypatch.setattr(real, "real_lr", lr)
+    train = [{"step": 5, "completions/clipped_ratio": 0.25}, {"step": 10, "completions/clipped_ratio": 0.5}]
+    write(folder, lr.GRPO, 100, accuracy=0.35, auroc=0.80, auroc_question=0.7, ece=0.4, e_aurc=0.1, train=train)
+    page = real.render_real_lr()
+    assert "| 100 | `grpo-lr3e-4` | no | yes | yes | 0.350 | 0.800 | 0.700 | 0.400 | 0.100 | 0.950 | 23.7 | 0.50 |" in page
+    assert "| 100 | `capo-nomask-lr3e-4` | not run yet |" in page and "Decisions: not yet" in page
+    for seed in lr.SEEDS:
+        for arm in lr.ARMS:
+            write(folder, arm, seed, accuracy=0.35, auroc=0.80, auroc_question=None, ece=0.4, e_aurc=0.1, train=train)
+    page = real.render_real_lr()
+    assert page.count("| undefined |") == 6 and "not run yet" not in page
+    assert page.endswith("a candidate setting for a second study: yes; the CAPO SmolLM2 recipe's learning rate "
+                         "becomes 3e-4: yes.\n")  # no CAPO run collapsed, every GRPO run lost calibration

@@ -1,0 +1,18 @@
+"""What the results renderers share (scripts/results_tables.py, scripts/results_real.py): the paths and the table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results"
+
+
+def summary(path: str) -> dict:
+    return json.loads((RESULTS / path).read_text())
+
+
+def table(header: list[str], body: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in body]) + "\n"

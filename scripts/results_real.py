@@ -1,0 +1,211 @@
+"""The real model's blocks (SmolLM2-135M-Instruct, dequantised Q4_1: docs/results/smollm2-*/), rendered from its
+committed files; scripts/results_tables.py puts them in the pages (``REAL_RENDER``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import real_lr
+from results_common import RESULTS, summary, table
+
+
+def render_real_words() -> str:
+    """The real model's study in words (capo_trl.harness.evidence.real_words): before its look that no result exists
+    and its safety reading (collapsed runs), every pre-registered endpoint after it, from its committed files."""
+    from capo_trl.harness import evidence
+
+    return evidence.real_words(evidence.measure_real(RESULTS / evidence.REAL_STUDY_FOLDER))
+
+
+REAL_START = {"addition": "two-digit addition", "addition-guess-half": "addition, half the items hiding an operand"}
+
+
+def render_real_start() -> str:
+    """The real model's start (no RL) on each of its tasks' test splits (smollm2-start/<task>/report.json)."""
+    body = []
+    for task, what in REAL_START.items():
+        m = summary(f"smollm2-start/{task}/report.json")["metrics"]
+        body.append([f"`{task}` ({what})", f"{int(m['n_problems'])} x {int(m['n_samples'] / m['n_problems'])}",
+                     f"{m['pass@1']:.3f}", f"{m['auroc']:.3f}", f"{m['auroc_question']:.3f}", f"{m['ece']:.3f}",
+                     f"{m['e_aurc']:.3f}", f"{m['finished_frac']:.3f}", f"{m['mean_tokens']:.1f}"])
+    return table(["task", "problems x samples", "accuracy", "pooled AUROC", "per-question AUROC", "ECE", "E-AURC",
+                  "finished", "mean tokens"], body)
+
+
+def render_real_mask() -> str:
+    """The start model's samples by kind of item, and what the paper's thresholds would drop of them
+    (smollm2-start/<task>/paper-mask.json; the start model is the reference, so exp(-s) is the reference PPL)."""
+    body = []
+    for task in REAL_START:
+        m = summary(f"smollm2-start/{task}/paper-mask.json")
+        kinds = "; ".join(f"{k} {m[k + '/accuracy']:.3f}" for k in ("derivable", "guessable") if k + "/accuracy" in m)
+        body.append([f"`{task}`", kinds, f"{m['n_correct']} / {m['n_wrong']}", f"{m['dropped_correct']:.3f}",
+                     f"{m['dropped_wrong']:.3f}", f"{m['ppl_correct_max']:.2f}", f"{m['ppl_wrong_min']:.3f}"])
+    return table(["task", "accuracy by item", "right / wrong samples", f"right dropped (PPL > {m['ref_high']})",
+                  f"wrong dropped (PPL < {m['ref_low']})", "highest PPL of a right one", "lowest PPL of a wrong one"],
+                 body)
+
+
+def render_real_calibrate() -> str:
+    """calibrate-mask on the real model: 512 train problems x 8 (smollm2-start/<task>/calibrate-mask.json)."""
+    body = []
+    for task in REAL_START:
+        path = RESULTS / "smollm2-start" / task / "calibrate-mask.json"
+        if not path.is_file():
+            continue
+        m = json.loads(path.read_text())
+        q = lambda key: " / ".join(f"{v:.3f}" for v in m[key])  # noqa: E731
+        body.append([f"`{task}`", f"{m['n_problems']} x {m['n_samples'] // m['n_problems']}", f"{m['mixed_groups']}",
+                     f"{m['reference_accuracy']:.3f}", f"{m['reference_auroc']:.3f}", f"{m['score_spread']:.3f}",
+                     f"{m['ref_high']:.3f}", f"{m['ref_low']:.3f}", q("ppl_correct_quartiles"), q("ppl_wrong_quartiles")])
+    return table(["task", "problems x samples", "mixed groups", "accuracy", "AUROC", "score spread (absolute tau)",
+                  "ref_high", "ref_low", "PPL of right answers (quartiles)", "PPL of wrong answers (quartiles)"], body)
+
+
+def render_real_truncation() -> str:
+    """GRPO's and CAPO's advantages of the start model's test samples taken as training batches, by kind
+    (smollm2-start/<task>/truncation.json): what unfinished samples carry, out of the loss."""
+    body = []
+    for task in REAL_START:
+        m = summary(f"smollm2-start/{task}/truncation.json")
+        body.append([f"`{task}`", f"{m['mixed_groups']} ({m['mixed_groups_with_unfinished']})",
+                     f"{m['n/right']} / {m['n/wrong_finished']} / {m['n/wrong_unfinished']}",
+                     " / ".join(f"{m['score/' + k]:.2f}" for k in ("right", "wrong_finished", "wrong_unfinished"))]
+                    + [" / ".join(f"{m[f'{name}/advantage/{k}']:+.3f}" for k in ("right", "wrong_finished",
+                                                                                 "wrong_unfinished"))
+                       for name in ("grpo", "capo")]
+                    + [f"{m[f'{name}/unfinished_total_per_group']:+.3f}" for name in ("grpo", "capo", "capo_tied")])
+    return table(["task", "mixed groups (with an unfinished sample)", "samples: right / wrong finished / wrong unfinished",
+                  "mean score (nats), same order", "GRPO mean advantage, same order", "CAPO mean advantage, same order",
+                  "GRPO: unfinished total per mixed group", "CAPO: unfinished total per mixed group",
+                  "CAPO, `truncated_pairs: tied`: unfinished total per mixed group"], body)
+
+
+SWEEP = RESULTS / "smollm2-sweep"
+
+
+def render_real_sweep() -> str:
+    """The real model's exploratory sweep, one row per arm (smollm2-sweep/<arm>.json, scripts/real_sweep.py);
+    the criterion of its protocol: validation accuracy +0.10 from step 0 to step 100, mean length < 30 at 100."""
+    body = []
+    for path in sorted(SWEEP.glob("S*.json")):
+        m = json.loads(path.read_text())
+        val = {v["step"]: v for v in m["validation"]}
+        first, last = val[min(val)], val[max(val)]
+        length = next((r["completions/mean_length"] for r in m["train"] if r["step"] == 100), None)
+        acc = lambda v: f"{v['val/mean@4']:.3f} [{v['val/mean@4_ci_low']:.3f}, {v['val/mean@4_ci_high']:.3f}]"  # noqa: E731
+        num = lambda x: "undefined" if x is None else f"{x:.3f}"  # noqa: E731  (AUROC with no right answer)
+        met = (100 in val and length is not None
+               and val[100]["val/mean@4"] - first["val/mean@4"] >= 0.10 and length < 30)
+        minutes = f"{sum(m['wall_s']) / 60:.0f}" if m["wall_s"] else "running"
+        body.append([m["arm"], f"{m['learning_rate']:g}", m["layers"], str(m["global_step"]),
+                     " / ".join(acc(val[s]) for s in sorted(val)), f"{num(first['val/auroc'])} / {num(last['val/auroc'])}",
+                     f"{num(first['val/ece'])} / {num(last['val/ece'])}",
+                     f"{length:.1f}" if length is not None else "-", "yes" if met else "no", minutes])
+    return table(["arm", "learning rate", "LoRA on", "steps", "validation accuracy every 50 steps from 0 [95% CI]",
+                  "pooled AUROC first / last", "ECE first / last", "mean length at 100", "criterion met (at 100)",
+                  "wall minutes"], body)
+
+
+PILOT = RESULTS / "smollm2-pilot"
+
+
+def render_real_pilot(folder: Path = PILOT) -> str:
+    """A real model's pilot (<folder>/<task>-seed<k>.json, verdict.json; scripts/real_pilot.py): per task, the
+    start and each GRPO seed on the test split, and each seed's checks of the pre-registered criterion."""
+    verdict = json.loads((folder / "verdict.json").read_text())
+    body = []
+    for task, v in verdict.items():
+        runs = [("start", v["start"], None)] + [(f"GRPO seed {s}", json.loads((folder / f"{task}-seed{s}.json").read_text()),
+                                                 v["per_seed"][str(s)]) for s in v["seeds_done"]]
+        for label, m, checks in runs:
+            guess = f"{m['guessable/accuracy']:.3f} / {m['guessable/modal_share']:.3f}" if "guessable/accuracy" in m else "-"
+            failed = [] if checks is None else [k for k in ("accuracy_rises", "auroc_falls", "no_collapse")
+                                                 if not checks[k]]
+            met = "-" if checks is None else "yes" if checks["required_met"] else f"no ({', '.join(failed)})"
+            per_q = "-" if checks is None else "yes" if checks["auroc_question_falls"] else "no"
+            body.append([f"`{task}`", label, f"{m['accuracy']:.3f} [{m['accuracy_ci'][0]:.3f}, {m['accuracy_ci'][1]:.3f}]",
+                         f"{m['auroc']:.3f}", f"{m['auroc_question']:.3f}", f"{m['ece']:.3f}", f"{m['e_aurc']:.3f}",
+                         f"{m['mean_tokens']:.1f}", f"{m['finished_frac']:.3f}", guess, met, per_q])
+        seeds = len(v["seeds_done"])
+        verdict_text = ("**test bed**" if v["test_bed"] else "**not a test bed**") if v["complete"] else \
+            f"open ({seeds} of 3 seeds)"
+        body.append([f"`{task}`", "verdict", verdict_text, "", "", "", "", "", "", "", "", ""])
+    return table(["task", "model", "accuracy [95% CI]", "pooled AUROC", "per-question AUROC", "ECE", "E-AURC",
+                  "mean tokens", "finished", "guessable accuracy / modal share", "criterion met (failed checks)",
+                  "per-question AUROC fell >= 0.03"], body)
+
+
+def render_real_study() -> str:
+    """The real model's confirmatory study: the protocol's analysis of its committed run files."""
+    from capo_trl.harness import confirmatory
+
+    folder = RESULTS / "smollm2-study"
+    return confirmatory.render(confirmatory.analyse(folder, confirmatory.REAL_STUDY), confirmatory.REAL_STUDY)
+
+
+def render_real_tied() -> str:
+    """The exploratory pilot of truncated_pairs: tied: collapse per seed next to the study's capo-nomask and grpo
+    runs of that seed (smollm2-tied/summary.json, written by `real_tied.py summary`: the study's collapse rule, so
+    the study's own commits never make this page stale), and this arm's endpoints (smollm2-tied/seed<k>.json)."""
+    folder = RESULTS / "smollm2-tied"
+    done = json.loads((folder / "summary.json").read_text())["collapsed"] if (folder / "summary.json").is_file() else {}
+    word = {True: "collapsed", False: "no", None: "not run yet"}
+    body = []
+    for seed in (100, 101, 102):
+        path = folder / f"seed{seed}.json"
+        row = [str(seed)] + [word[done.get(str(seed), {}).get(arm)]
+                             for arm in ("capo-nomask-tied", "capo-nomask", "grpo")]
+        if path.is_file():
+            r = json.loads(path.read_text())
+            num = lambda v, d=3: "undefined" if v is None else f"{v:.{d}f}"  # noqa: E731
+            row += [num(r["accuracy"]), num(r["auroc"]), num(r["auroc_question"]), num(r["ece"]), num(r["e_aurc"]),
+                    num(r["finished_frac"]), num(r["mean_tokens"], 1),
+                    num(max(x.get("completions/clipped_ratio", 0.0) for x in r["train"]), 2)]
+        else:
+            row += ["-"] * 8
+        body.append(row)
+    return table(["seed", "`tied`: collapsed", "study `capo-nomask`: collapsed", "study `grpo`: collapsed",
+                  "`tied`: accuracy", "pooled AUROC", "per-question AUROC", "ECE", "E-AURC", "finished",
+                  "mean tokens", "highest clipped ratio in training"], body)
+
+
+def render_real_lr() -> str:
+    """The learning-rate pilot (smollm2-lr/): per arm and seed the protocol's checks (scripts/real_lr.py's
+    ``summary``, from the records) and the test endpoints; then the decisions, once all six runs are in."""
+    result = real_lr.summary()
+    word = {True: "yes", False: "no"}
+    body = []
+    for seed in real_lr.SEEDS:
+        for arm in real_lr.ARMS:
+            c, path = result["runs"][arm][seed], real_lr.OUT / arm / f"seed{seed}.json"
+            if c is None:
+                body.append([str(seed), f"`{arm}`", "not run yet"] + ["-"] * 10)
+                continue
+            r = json.loads(path.read_text())
+            num = lambda v, d=3: "undefined" if v is None else f"{v:.{d}f}"  # noqa: E731
+            body.append([str(seed), f"`{arm}`", word[c["collapsed"]], word[c["loses_calibration"]], word[c["trains"]],
+                         num(r["accuracy"]), num(r["auroc"]), num(r["auroc_question"]), num(r["ece"]),
+                         num(r["e_aurc"]), num(r["finished_frac"]), num(r["mean_tokens"], 1),
+                         num(max(x.get("completions/clipped_ratio", 0.0) for x in r["train"]), 2)])
+    out = table(["seed", "arm", "collapsed", "loses calibration (the pilots' criterion)", "trains (accuracy +0.02, "
+                 "no collapse)", "accuracy", "pooled AUROC", "per-question AUROC", "ECE", "E-AURC", "finished",
+                 "mean tokens", "highest clipped ratio in training"], body)
+    start = json.loads(real_lr.START.read_text())
+    out += (f"\nStart model (`../smollm2-study/start.json`): accuracy {start['accuracy']:.3f}, pooled AUROC "
+            f"{start['auroc']:.3f}.\n")
+    d = result["decided"]
+    if d is None:
+        return out + "Decisions: not yet (they are taken when all six runs are in).\n"
+    return out + (f"Decisions (the protocol's): 3e-4 a candidate setting for a second study: {word[d['candidate']]}; "
+                  f"the CAPO SmolLM2 recipe's learning rate becomes 3e-4: "
+                  f"{word[d['recipe_learning_rate'] is not None]}.\n")
+
+
+REAL_RENDER = {"smollm2-start": render_real_start, "smollm2-start-mask": render_real_mask,
+               "smollm2-calibrate-mask": render_real_calibrate, "smollm2-start-truncation": render_real_truncation,
+               "smollm2-sweep": render_real_sweep, "smollm2-pilot": render_real_pilot,
+               "smollm2-pilot2": lambda: render_real_pilot(RESULTS / "smollm2-pilot2"),
+               "smollm2-study": render_real_study, "smollm2-study-words": render_real_words,
+               "smollm2-tied": render_real_tied, "smollm2-lr": render_real_lr}
