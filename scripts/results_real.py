@@ -198,9 +198,14 @@ def render_real_lr() -> str:
     d = result["decided"]
     if d is None:
         return out + "Decisions: not yet (they are taken when all six runs are in).\n"
+    auroc = {arm: [json.loads((real_lr.OUT / arm / f"seed{s}.json").read_text())["auroc"] for s in real_lr.SEEDS]
+             for arm in real_lr.ARMS}
+    side = ", ".join(f"{s} {c - g:+.3f}" for s, g, c in zip(real_lr.SEEDS, auroc[real_lr.GRPO], auroc[real_lr.CAPO]))
     return out + (f"Decisions (the protocol's): 3e-4 a candidate setting for a second study: {word[d['candidate']]}; "
                   f"the CAPO SmolLM2 recipe's learning rate becomes 3e-4: "
-                  f"{word[d['recipe_learning_rate'] is not None]}.\n")
+                  f"{word[d['recipe_learning_rate'] is not None]}.\n\nSide by side, as the protocol allows (exploratory: "
+                  f"three seeds, no interval, no test): pooled AUROC at the end, `{real_lr.CAPO}` minus "
+                  f"`{real_lr.GRPO}`, by seed: {side}.\n")
 
 
 REAL_RENDER = {"smollm2-start": render_real_start, "smollm2-start-mask": render_real_mask,

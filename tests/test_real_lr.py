@@ -18,11 +18,13 @@ def test_arms_are_the_study_arms_at_a_third_of_the_learning_rate():
 
 
 def test_the_study_cli_takes_the_learning_rate_over_the_recipe():
-    """The flag the runner appends wins over the recipe's 1e-3 (parsed, not trained)."""
+    """The flag the runner appends wins over the recipe's 1e-3 (parsed, not trained; the GRPO recipe's, since the
+    CAPO recipe's is 3e-4 now)."""
     lr = load_script("real_lr")
     from capo_trl.cli.train_args import parse_args
 
-    recipe, flags = lr.ARMS["capo-nomask-lr3e-4"]
+    recipe, flags = lr.ARMS["grpo-lr3e-4"]
+    assert "learning_rate: 1.0e-3" in (lr.ROOT / recipe).read_text()
     _, training_args, _ = parse_args(["--config", str(lr.ROOT / recipe), "--dataset_name", "addition", *flags,
                                       "--output_dir", "unused"])
     assert training_args.learning_rate == pytest.approx(3e-4) and training_args.mask_truncated_completions
@@ -89,8 +91,10 @@ def test_its_page_shows_each_run_checks_and_the_decisions_once_all_ran(pilot, mo
     assert "| 100 | `capo-nomask-lr3e-4` | not run yet |" in page and "Decisions: not yet" in page
     for seed in lr.SEEDS:
         for arm in lr.ARMS:
-            write(folder, arm, seed, accuracy=0.35, auroc=0.80, auroc_question=None, ece=0.4, e_aurc=0.1, train=train)
+            auroc = 0.80 - (0.01 * (seed - 100) if arm == lr.CAPO else 0.0)
+            write(folder, arm, seed, accuracy=0.35, auroc=auroc, auroc_question=None, ece=0.4, e_aurc=0.1, train=train)
     page = real.render_real_lr()
     assert page.count("| undefined |") == 6 and "not run yet" not in page
-    assert page.endswith("a candidate setting for a second study: yes; the CAPO SmolLM2 recipe's learning rate "
-                         "becomes 3e-4: yes.\n")  # no CAPO run collapsed, every GRPO run lost calibration
+    assert ("a candidate setting for a second study: yes; the CAPO SmolLM2 recipe's learning rate "
+            "becomes 3e-4: yes.\n") in page  # no CAPO run collapsed, every GRPO run lost calibration
+    assert page.endswith("`capo-nomask-lr3e-4` minus `grpo-lr3e-4`, by seed: 100 +0.000, 101 -0.010, 102 -0.020.\n")
