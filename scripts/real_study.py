@@ -68,28 +68,29 @@ def power() -> dict:
             "power": table[seeds], "power_if_sd_doubles": t_power(EFFECT, 2 * sd_diff, seeds)}
 
 
-def init() -> None:
-    """The study folder's ``config.json`` (arms in the plan's order, the planned seeds) and ``start.json``."""
-    OUT.mkdir(parents=True, exist_ok=True)
-    config = {"task": TASK, "steps": STEPS, "methods": list(PLAN.arms.values()), "seeds": SEEDS,
-              "arms": {arm: {"recipe": recipe, "flags": flags} for arm, (recipe, flags) in ARMS.items()}}
-    (OUT / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+def init(out: Path = OUT, arms: dict = ARMS, plan=PLAN, seeds: list = SEEDS) -> None:
+    """A study folder's ``config.json`` (arms in the plan's order, the planned seeds) and ``start.json``."""
+    out.mkdir(parents=True, exist_ok=True)
+    config = {"task": TASK, "steps": STEPS, "methods": list(plan.arms.values()), "seeds": seeds,
+              "arms": {arm: {"recipe": recipe, "flags": flags} for arm, (recipe, flags) in arms.items()}}
+    (out / "config.json").write_text(json.dumps(config, indent=1) + "\n")
     start = {**record(json.loads((START / TASK / "report.json").read_text()), START / TASK / "samples.csv", TASK),
              "mask": {}}
-    (OUT / "start.json").write_text(json.dumps(start, indent=1) + "\n")
+    (out / "start.json").write_text(json.dumps(start, indent=1) + "\n")
 
 
-def run_one(arm: str, seed: int, runs: Path) -> Path:
+def run_one(arm: str, seed: int, runs: Path, out: Path = OUT, arms: dict = ARMS, log: tuple = TRAIN_LOG) -> Path:
+    """Train (resuming), test and keep one run's record in a study folder (``out``), as the protocol says."""
     run = runs / arm / f"seed{seed}"
-    recipe, flags = ARMS[arm]
-    state, log, times = train_and_test(run, recipe, TASK, seed, flags, STEPS, TRAIN_LOG)
+    recipe, flags = arms[arm]
+    state, logged, times = train_and_test(run, recipe, TASK, seed, flags, STEPS, log)
     # "mask" holds per-kind counts where a runner can tally them in process; the CLI logs only the drop rates
     # (capo/dropped_correct, capo/dropped_wrong in "train")
-    kept = {"arm": arm, "task": TASK, "seed": seed, "global_step": state["global_step"], "recipe": ARMS[arm][0],
-            "flags": ARMS[arm][1], **record(json.loads((run / "test" / "report.json").read_text()),
-                                            run / "test" / "samples.csv", TASK),
-            "mask": {}, "train": log, **times}
-    path = OUT / arm / f"seed{seed}.json"
+    kept = {"arm": arm, "task": TASK, "seed": seed, "global_step": state["global_step"], "recipe": recipe,
+            "flags": flags, **record(json.loads((run / "test" / "report.json").read_text()),
+                                     run / "test" / "samples.csv", TASK),
+            "mask": {}, "train": logged, **times}
+    path = out / arm / f"seed{seed}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(kept, indent=1) + "\n")
     return path

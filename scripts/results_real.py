@@ -137,12 +137,12 @@ def render_real_pilot(folder: Path = PILOT) -> str:
                   "per-question AUROC fell >= 0.03"], body)
 
 
-def render_real_study() -> str:
-    """The real model's confirmatory study: the protocol's analysis of its committed run files."""
+def render_real_study(name: str = "smollm2-study") -> str:
+    """One of the real model's confirmatory studies: its protocol's analysis of its committed run files."""
     from capo_trl.harness import confirmatory
 
-    folder = RESULTS / "smollm2-study"
-    return confirmatory.render(confirmatory.analyse(folder, confirmatory.REAL_STUDY), confirmatory.REAL_STUDY)
+    plan = confirmatory.PLANS[name]
+    return confirmatory.render(confirmatory.analyse(RESULTS / name, plan), plan)
 
 
 def render_real_tied() -> str:
@@ -213,4 +213,5 @@ REAL_RENDER = {"smollm2-start": render_real_start, "smollm2-start-mask": render_
                "smollm2-sweep": render_real_sweep, "smollm2-pilot": render_real_pilot,
                "smollm2-pilot2": lambda: render_real_pilot(RESULTS / "smollm2-pilot2"),
                "smollm2-study": render_real_study, "smollm2-study-words": render_real_words,
-               "smollm2-tied": render_real_tied, "smollm2-lr": render_real_lr}
+               "smollm2-tied": render_real_tied, "smollm2-lr": render_real_lr,
+               "smollm2-lr-study": lambda: render_real_study("smollm2-lr-study")}

@@ -225,6 +225,90 @@ def test_the_real_model_study_runs_what_its_protocol_says():
     assert {a: v["flags"] for a, v in config["arms"].items()} == {a: f for a, (_, f) in study.ARMS.items()}
 
 
+def test_the_real_model_second_study_runs_what_its_protocol_says():
+    """scripts/real_lr_study.py runs the learning-rate pilot's two arms on new seeds, the committed config.json is
+    what its init writes, and the power calculation on the pilot's committed records gives the protocol's numbers."""
+    from pathlib import Path
+
+    from script_loader import load_script
+
+    root = Path(__file__).parents[1]
+    study, pilot = load_script("real_lr_study"), load_script("real_lr")
+    plan, protocol = cf.REAL_LR_STUDY, (root / "docs/results/smollm2-lr-study/protocol.md").read_text()
+    assert cf.PLANS["smollm2-lr-study"] is plan and study.ARMS == pilot.ARMS and list(study.ARMS) == list(plan.arms)
+    assert study.SEEDS == list(range(200, 212)) and not set(study.SEEDS) & set(range(100, 112))
+    assert plan.primary == ("auroc", "capo-nomask-lr3e-4", "grpo-lr3e-4") and plan.looks == ((12, 0.05),)
+    assert [e for e, *_ in plan.secondaries] == ["auroc_question", "ece", "e_aurc"]
+    assert (plan.collapse_tokens, plan.min_finished, plan.undefined_auroc) == (30.0, 0.5, 0.5)
+    assert "2027-01-15 00:00 UTC" in protocol and plan.deadline.startswith("2027-01-15T00:00:00")
+    for arm, (recipe, flags) in study.ARMS.items():
+        assert f"`{recipe}` `{' '.join(flags[:2])}\n   {' '.join(flags[2:])}`" in protocol, arm
+    config = json.loads((root / "docs/results/smollm2-lr-study/config.json").read_text())
+    assert config["methods"] == list(plan.arms.values()) and config["seeds"] == study.SEEDS
+    assert {a: v["flags"] for a, v in config["arms"].items()} == {a: f for a, (_, f) in study.ARMS.items()}
+    assert (root / "docs/results/smollm2-lr-study/start.json").read_text() == \
+        (root / "docs/results/smollm2-study/start.json").read_text()
+    power = study.power()
+    assert power["seeds"] == 12 and f"is {power['sd_diff']:.3f}" in protocol
+    assert f"power {power['power']:.2f} with 12 seeds" in protocol
+    assert f"the power is {power['power_if_sd_doubles']:.2f}" in protocol
+
+
+def test_the_second_study_analysis_runs_on_its_records(tmp_path):
+    """Records as scripts/real_lr_study.py writes them (its committed config and start) reach the final look: the
+    primary, the three secondaries, and the collapse rule; a run lacking a seed's partner is left out."""
+    from pathlib import Path
+
+    committed = Path(__file__).parents[1] / "docs/results/smollm2-lr-study"
+    plan = cf.REAL_LR_STUDY
+    for name in ("config.json", "start.json"):
+        (tmp_path / name).write_text((committed / name).read_text())
+    keys = ("auroc", "accuracy", "mean_tokens", "finished_frac", *plan.descriptive)
+    for s in range(200, 212):
+        rng = np.random.default_rng(s)
+        for arm, shift in zip(plan.arms, (0.0, -0.06)):
+            rec = {k: float(rng.uniform(0.2, 0.6)) for k in keys}
+            rec.update(auroc=0.8 + shift + rng.normal(0, 0.01), mean_tokens=31.0 if (arm, s) == (_C, 205) else 23.5,
+                       finished_frac=0.97, mask={})
+            (tmp_path / arm).mkdir(exist_ok=True)
+            (tmp_path / arm / f"seed{s}.json").write_text(json.dumps(rec))
+    a = cf.analyse(tmp_path, plan)
+    assert a["look"]["name"] == "final" and a["look"]["seeds"] == list(range(200, 212)) and a["primary"]["holds"]
+    assert a["primary"]["high"] < 0 and [c["endpoint"] for c in a["secondary"]] == ["auroc_question", "ece", "e_aurc"]
+    assert a["collapse"] == {"grpo-lr3e-4": [], _C: [205]}
+    assert "capo-nomask-lr3e-4 - grpo-lr3e-4 (primary)" in cf.render(a, plan)
+
+
+_C = "capo-nomask-lr3e-4"
+
+
+def test_the_second_study_runner_keeps_the_record_the_analysis_reads(tmp_path, monkeypatch):
+    """real_lr_study's ``run`` goes through real_study.run_one with the pilot's arm, flags and log keys and writes
+    ``<arm>/seed<k>.json`` into its own folder, with the keys the analysis reads (training and test stubbed)."""
+    from script_loader import load_script
+
+    study = load_script("real_lr_study")
+    real_study = study.real_study
+    calls = []
+
+    def fake_train_and_test(run, recipe, task, seed, flags, steps, log):
+        calls.append((run, recipe, task, seed, flags, steps, log))
+        (run / "test").mkdir(parents=True)
+        (run / "test" / "report.json").write_text("{}")
+        return {"global_step": steps}, [{"step": 5, "entropy": 0.1}], {"train_s": [1], "test_s": 2}
+
+    monkeypatch.setattr(real_study, "train_and_test", fake_train_and_test)
+    monkeypatch.setattr(real_study, "record", lambda report, samples, task: {"auroc": 0.8, "mean_tokens": 23.0})
+    monkeypatch.setattr(study, "OUT", tmp_path / "out")
+    assert study.main(["run", "capo-nomask-lr3e-4", "203", "--runs", str(tmp_path / "runs")]) == 0
+    (run, recipe, task, seed, flags, steps, log), = calls
+    assert run == tmp_path / "runs" / "capo-nomask-lr3e-4" / "seed203" and (task, seed, steps) == ("addition", 203, 100)
+    assert (recipe, flags) == study.ARMS["capo-nomask-lr3e-4"] and "entropy" in log
+    rec = json.loads((tmp_path / "out" / "capo-nomask-lr3e-4" / "seed203.json").read_text())
+    assert rec["mask"] == {} and rec["auroc"] == 0.8 and rec["flags"][-2:] == ["--learning_rate", "3e-4"]
+    assert (rec["arm"], rec["seed"], rec["global_step"], rec["train"][0]["entropy"]) == ("capo-nomask-lr3e-4", 203, 100, 0.1)
+
+
 def write_real_study(folder, seeds_done, effect, noise=0.01):
     """The real study's folder as scripts/real_study.py writes it (its config and start copied), with synthetic runs:
     ``effect`` added to capo-nomask's pooled AUROC over GRPO's, the mask arms 0.02 below capo-nomask."""

@@ -18,7 +18,8 @@ analysis shows depends only on those files, so anyone re-renders it from a clone
     python -m capo_trl.harness.confirmatory close --into docs/results/guess-half-mask-study
 
 The plan is the folder's name (``PLANS``): ``guess-half-mask-study``, ``guess-redraw-study`` and
-``smollm2-study`` (the real model's; its runs come from ``scripts/real_study.py``, not the test-bed runner).
+``smollm2-study`` and ``smollm2-lr-study`` (the real model's; their runs come from ``scripts/real_study.py`` and
+``scripts/real_lr_study.py``, not the test-bed runner).
 """
 
 from __future__ import annotations
@@ -90,7 +91,17 @@ REAL_STUDY = Plan(
     collapse_tokens=30.0, min_finished=0.5, undefined_auroc=0.5,  # amendment 1, before any look
     descriptive=("auroc_question", "ece", "e_aurc", "finished_frac", "derivable/accuracy", "guessable/accuracy"),
 )
-PLANS = {"guess-half-mask-study": MASK_STUDY, "guess-redraw-study": REDRAW_STUDY, "smollm2-study": REAL_STUDY}
+# The real model's second study (smollm2-lr-study/protocol.md): the first's grpo and capo-nomask at the exploratory
+# learning-rate pilot's 3e-4 (smollm2-lr/), on new seeds (200 onwards), no mask arms, the first's rules otherwise.
+_G, _C = "grpo-lr3e-4", "capo-nomask-lr3e-4"
+REAL_LR_STUDY = Plan(
+    arms={_G: _G, _C: _C}, primary=("auroc", _C, _G), looks=((12, 0.05),),
+    secondaries=(("auroc_question", _C, _G), ("ece", _C, _G), ("e_aurc", _C, _G)),
+    deadline="2027-01-15T00:00:00+00:00", collapse_tokens=30.0, min_finished=0.5, undefined_auroc=0.5,
+    descriptive=REAL_STUDY.descriptive,
+)
+PLANS = {"guess-half-mask-study": MASK_STUDY, "guess-redraw-study": REDRAW_STUDY, "smollm2-study": REAL_STUDY,
+         "smollm2-lr-study": REAL_LR_STUDY}
 
 
 def check_config(folder: Path, plan: Plan) -> dict:
@@ -278,7 +289,7 @@ def render(analysis: dict, plan: Plan) -> str:
     if analysis["undefined"]:
         runs = ", ".join(f"`{arm}` seed {s} ({k})" for arm, s, k in analysis["undefined"])
         lines += ["", f"Undefined AUROCs (the run's answers of one class only), counted as {plan.undefined_auroc:g} "
-                  f"as the protocol's amendment says: {runs}."]
+                  f"as the protocol says: {runs}."]
         d = analysis.get("defined_only")
         if d is not None:
             lines += [f"Sensitivity, not a test of the protocol: {p['arm']} - {p['minus']} on the {d['n']} seeds "
