@@ -6,7 +6,8 @@ started) that runs ``capo_trl.cli.main.main(["train", *argv])``, the entry point
 command, with stdout and stderr in a log file, and exits with its status like the command would.
 
 Protocol, one JSON line per run on stdin: ``{"argv": [...], "log": PATH}``; it answers ``pid PID`` at
-once and ``exit STATUS`` (negative: killed by that signal) when the run ends. An empty line stops it.
+once the child leads its own process group and ``exit STATUS`` (negative: killed by that signal) when the run
+ends. An empty line stops it.
 Start it with ``OMP_NUM_THREADS=1`` (as every run it is compared with): no torch op runs here before
 a fork, so each child sets up its own thread pool.
 """
@@ -31,8 +32,10 @@ if importlib.util.find_spec("deepspeed"):  # accelerate imports it on the first 
     import deepspeed  # noqa: F401
 
 
-def child(argv: list[str], fd: int) -> int:
+def child(argv: list[str], fd: int, ready: int) -> int:
     os.setsid()
+    os.write(ready, b"1")  # its group exists now: a SIGKILL of the group can no longer miss it
+    os.close(ready)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     try:
@@ -54,10 +57,15 @@ def serve() -> None:
             return
         job = json.loads(line)
         fd = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)  # there before the pid is told
+        wait, ready = os.pipe()
         pid = os.fork()
         if pid == 0:
-            os._exit(child(job["argv"], fd))
+            os.close(wait)
+            os._exit(child(job["argv"], fd, ready))
         os.close(fd)
+        os.close(ready)
+        os.read(wait, 1)  # the pid is told once the child leads its own group (before, killpg finds no group)
+        os.close(wait)
         print(f"pid {pid}", file=ANSWERS)
         _, status = os.waitpid(pid, 0)
         code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)

@@ -122,6 +122,9 @@ def launcher():
 
 def reached(moment, out: Path, start: int, log: Path, armed: dict) -> bool:
     kind, k, name = moment
+    if armed["fresh"] and not armed.get("cleared"):  # an overwriting run: the old run's checkpoints count for none
+        armed["cleared"] = not any(out.glob("checkpoint-*"))  # until it has deleted them
+        return False
     if kind in ("file", "last"):  # the k-th checkpoint after the one resumed from; "last": checkpoint-k
         return (out / f"checkpoint-{k if kind == 'last' else start + k}" / name).exists()
     if "at" not in armed:  # "step": the k-th step's log line of this process, then the seeded delay
@@ -132,9 +135,11 @@ def reached(moment, out: Path, start: int, log: Path, armed: dict) -> bool:
 
 
 def run_until(launcher, argv, out, log, moment, rng, deadline=120.0) -> tuple[int, bool]:
-    """Start a run, SIGKILL its process group at ``moment`` (None: let it end); (exit status, killed)."""
-    start = int(newest_complete(str(out))[0].rsplit("-", 1)[1]) if newest_complete(str(out))[0] else 0
-    armed = {"delay": rng.uniform(0.0, 0.05) if rng else 0.0}
+    """Start a run, SIGKILL its process group at ``moment`` (None: let it end); (exit status, killed). A run that
+    overwrites the folder starts from step 0 whatever checkpoints the old run left."""
+    fresh = "--overwrite_output_dir" in argv or not newest_complete(str(out))[0]
+    start = 0 if fresh else int(newest_complete(str(out))[0].rsplit("-", 1)[1])
+    armed = {"delay": rng.uniform(0.0, 0.05) if rng else 0.0, "fresh": "--overwrite_output_dir" in argv}
     pid = launcher.start(argv, log)
     end = time.monotonic() + deadline
     while time.monotonic() < end:
@@ -256,3 +261,18 @@ def test_kill_anywhere_then_resume_last_equals_never_stopping(launcher, tmp_path
     assert totals["ends equal"] == len(SETTINGS) + totals["chains restarted"]
     assert totals["kills"] >= 10 and totals["kills leaving an incomplete checkpoint"] >= 4, totals
     assert totals["refusals"] >= 2, totals  # nothing complete yet; the finished run
+
+
+def test_the_killer_hits_a_run_just_started_and_an_overwriting_run_at_its_own_checkpoint(launcher, tmp_path):
+    """What the chain relies on: a kill right after the start reaches the run (its process group exists before its
+    pid is told), and an overwriting run's file moment waits for its own checkpoint, not the old run's leftovers."""
+    out, argv = tmp_path / "run", [*RUN, *SETTINGS["mask-auto"], "--output_dir", str(tmp_path / "run")]
+    status, killed = run_until(launcher, argv, out, tmp_path / "at-once.log", ("step", 0, None), None)
+    assert (status, killed) == (-signal.SIGKILL, True)
+    (out / "checkpoint-1").mkdir(parents=True, exist_ok=True)  # an old run's incomplete checkpoint
+    (out / "checkpoint-1" / "model.safetensors").write_bytes(b"cut short")
+    log = tmp_path / "overwrite.log"
+    status, killed = run_until(launcher, [*argv, "--overwrite_output_dir", "true"], out, log, ("file", 1, ""), None)
+    assert (status, killed) == (-signal.SIGKILL, True)
+    stale = out / "checkpoint-1" / "model.safetensors"  # killed in its own first save: the leftover is gone
+    assert (out / "checkpoint-1").is_dir() and not (stale.exists() and stale.read_bytes() == b"cut short")
