@@ -13,12 +13,9 @@ protocol's plan, ``capo_trl.harness.confirmatory.PLANS["smollm2-lr-study"]``, fr
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
 import sys
-from pathlib import Path
 
 import real_lr
 import real_study
@@ -51,25 +48,7 @@ def power() -> dict:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="what", required=True)
-    sub.add_parser("init")
-    sub.add_parser("power")
-    one = sub.add_parser("run")
-    one.add_argument("arm", choices=list(ARMS))
-    one.add_argument("seed", type=int, choices=SEEDS, metavar=f"SEED ({SEEDS[0]}-{SEEDS[-1]})")
-    one.add_argument("--runs", default="runs/lr-study", help="where the runs' folders go (outside git)")
-    args = parser.parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if args.what == "power":
-        print(json.dumps(power(), indent=1))
-    elif args.what == "init":
-        real_study.init(OUT, ARMS, PLAN, SEEDS)
-        print(f"wrote {OUT / 'config.json'} and {OUT / 'start.json'}")
-    else:
-        path = real_study.run_one(args.arm, args.seed, Path(args.runs).resolve(), OUT, ARMS, real_lr.LOG)
-        print(f"wrote {path}")
-    return 0
+    return real_study.cli(argv, __doc__, OUT, ARMS, PLAN, SEEDS, real_lr.LOG, power, "runs/lr-study")
 
 
 if __name__ == "__main__":

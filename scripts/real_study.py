@@ -96,25 +96,30 @@ def run_one(arm: str, seed: int, runs: Path, out: Path = OUT, arms: dict = ARMS,
     return path
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def cli(argv: list[str], doc: str, out: Path, arms: dict, plan, seeds: list, log: tuple, power_of, runs: str) -> int:
+    """A real-model study's command line (``power``, ``init``, ``run``), for this study or another one's runner."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="what", required=True)
     sub.add_parser("init")
     sub.add_parser("power")
     one = sub.add_parser("run")
-    one.add_argument("arm", choices=list(ARMS))
-    one.add_argument("seed", type=int, choices=SEEDS, metavar=f"SEED ({SEEDS[0]}-{SEEDS[-1]})")
-    one.add_argument("--runs", default="runs/study", help="where the runs' folders go (outside git)")
+    one.add_argument("arm", choices=list(arms))
+    one.add_argument("seed", type=int, choices=seeds, metavar=f"SEED ({seeds[0]}-{seeds[-1]})")
+    one.add_argument("--runs", default=runs, help="where the runs' folders go (outside git)")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.what == "power":
-        print(json.dumps(power(), indent=1))
+        print(json.dumps(power_of(), indent=1))
     elif args.what == "init":
-        init()
-        print(f"wrote {OUT / 'config.json'} and {OUT / 'start.json'}")
+        init(out, arms, plan, seeds)
+        print(f"wrote {out / 'config.json'} and {out / 'start.json'}")
     else:
-        print(f"wrote {run_one(args.arm, args.seed, Path(args.runs).resolve())}")
+        print(f"wrote {run_one(args.arm, args.seed, Path(args.runs).resolve(), out, arms, log)}")
     return 0
+
+
+def main(argv: list[str]) -> int:
+    return cli(argv, __doc__, OUT, ARMS, PLAN, SEEDS, TRAIN_LOG, power, "runs/study")
 
 
 if __name__ == "__main__":
