@@ -411,11 +411,18 @@ def render_recommended() -> str:
     groups = {"tau": kw("tau") + " (0.5 for a 7B model)", "tau_mode": kw("tau_mode"),
               "advantage_scale": kw("advantage_scale"),
               "noise_mask": kw("noise_mask", "noise_mask_guard", "ref_thresholds", "ref_high", "ref_low")}
+    from capo_trl.harness import evidence
+
+    real = evidence.measure_real(RESULTS / evidence.REAL_STUDY_FOLDER)
+    ours = ("ours on tiny models on CPU only; none of it is ours on a real model." if not real["look"] else
+            "ours on tiny models on CPU, and of the noise mask one study of ours on a real model (below); the paper's "
+            "tau and scale are untested by us on any real model.")
     lines = ["**Recommended for a real model** (one configuration, `capo_trl.training.defaults.RECOMMENDED`: "
              "`CAPOConfig`'s defaults, the `capo-recommended` preset, the `capo-qwen2.5-math-*` recipes). The "
-             "evidence is the paper's runs on its models and ours on tiny models on CPU only; none of it is ours on "
-             "a real model.", ""]
+             f"evidence is the paper's runs on its models and {ours}", ""]
     for name, (why, limits) in RECOMMENDATION.items():
+        if name == "noise_mask" and real["look"]:
+            limits += "; " + evidence.real_mask_words(real)
         lines.append(f"- {groups[name]}. Evidence: {why}. Limits: {limits}.")
     return "\n".join(textwrap.fill(line, width=110, subsequent_indent="  " if line.startswith("- ") else "",
                                     break_on_hyphens=False, break_long_words=False) for line in lines) + "\n"

@@ -361,6 +361,26 @@ def test_the_real_study_words_follow_the_interval(tmp_path, effect, verdict, kin
     assert text.count("Holm p = ") == 5 and "Collapsed runs of 12: grpo 0, capo-nomask 0" in text
 
 
+def test_the_recommendations_mask_line_says_what_the_real_study_found(tmp_path):
+    """The recommendation's mask line gives each mask arm against CAPO without it with its Holm p, says which
+    differences were not shown, calls them exploratory when the primary does not hold, and counts collapses."""
+    from capo_trl.harness import evidence
+
+    folder = write_real_study(tmp_path / "smollm2-study", range(100, 112), 0.0, noise=0.001)
+    rec = json.loads((folder / "capo-mask-paper" / "seed105.json").read_text())
+    (folder / "capo-mask-paper" / "seed105.json").write_text(json.dumps({**rec, "mean_tokens": 31.0}))
+    r = evidence.measure_real(folder)
+    paper, measured = ([c for c in r["secondary"] if c[0] == "auroc" and c[1] == arm][0]
+                       for arm in ("capo-mask-paper", "capo-mask-measured"))
+    text = " ".join(evidence.real_mask_words(r).split())
+    assert not r["holds"] and "exploratory since the study's primary does not hold" in text
+    assert f"{paper[3]:+.3f} [{paper[4]:+.3f}, {paper[5]:+.3f}] (Holm p = {paper[6]:.4f}) with the paper's" in text
+    assert paper[6] < 0.05 and measured[6] < 0.05  # 0.02 below, seed noise 0.001: shown
+    assert "1 of 12 with the paper's thresholds, 0 with the measured ones, 0 without the mask, 0 under GRPO" in text
+    r["secondary"] = [(*c[:6], 0.2) for c in r["secondary"]]
+    assert " ".join(evidence.real_mask_words(r).split()).count("no difference shown") == 2
+
+
 def test_the_real_study_safety_reading_counts_every_finished_run(tmp_path):
     """Before the look the README gives the protocol's collapse count over every finished run (complete seed or
     not) and nothing else: a run collapses at 30 mean tokens or more, or under half of its answers ending."""

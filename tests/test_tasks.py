@@ -84,6 +84,27 @@ def test_demo_refuses_an_unknown_task_in_one_line(capsys, monkeypatch):
         assert "--task: unknown task 'guess-hlaf'; did you mean 'guess-half'?" in err
 
 
+def test_the_demo_says_what_the_real_models_study_found():
+    """The demo prints the real model's result from a constant (it runs without docs/results/): that constant is
+    what the protocol's analysis of the committed files gives, and the demo says it on every task, as another
+    model's."""
+    from pathlib import Path
+
+    from capo_trl.harness import evidence
+    from capo_trl.harness.demo import demo_budget
+    from capo_trl.harness.demo import evidence as said
+
+    results = Path(__file__).resolve().parents[1] / "docs" / "results"
+    r = evidence.measure_real(results / evidence.REAL_STUDY_FOLDER)
+    if not r["look"]:  # before the study's look the demo says nothing of it
+        assert evidence.REAL_RESULT is None and "real model" not in said(demo_budget("guess-half"))
+        return
+    assert evidence.REAL_RESULT == r
+    for task in ("guess-half", "arithmetic", "guess"):
+        text = said(demo_budget(task))
+        assert text.endswith(evidence.real_words(r)) and "On a real model, not this demo's" in text
+
+
 def test_the_demo_says_what_the_committed_confirmatory_study_says():
     from pathlib import Path
 

@@ -162,6 +162,9 @@ def headline(r: dict | None = None) -> str:
 # the README says of it follows from the intervals by rules fixed in advance, not from reading the numbers.
 REAL_STUDY_FOLDER = "smollm2-study"
 REAL_MODEL = "SmolLM2-135M-Instruct (dequantised from Q4_1, LoRA on CPU)"
+# The real model's study at the look that ends it, as measure_real() gives it (None before that look): the demo
+# runs without docs/results/, so it prints real_words() of this; tests/test_tasks.py checks it against the files.
+REAL_RESULT: dict | None = None
 REAL_PENDING = (
     f"On a real model, {REAL_MODEL}, no calibration result for CAPO exists yet. Two pre-registered pilots found GRPO "
     "losing pooled AUROC on two-digit addition on 3 of 3 seeds once truncated completions were out of the loss "
@@ -241,5 +244,24 @@ def real_words(r: dict) -> str:
         "from the tiny models'.")
 
 
-__all__ = ["ENDPOINTS", "REAL_STUDY_FOLDER", "STUDY_OF_TASK", "STUDY_RESULTS", "endpoint_table", "headline",
-           "measure", "measure_real", "real_words", "study_words"]
+def real_mask_words(r: dict) -> str:
+    """What the real model's study found of the noise mask, for the recommendation's mask line (rendered from the
+    study's files): each mask arm against CAPO without it, and the runs of each arm that collapsed."""
+    arms = {arm: (m, lo, hi, hp) for e, arm, minus, m, lo, hi, hp in r["secondary"] if e == "auroc"}
+
+    def said(arm: str) -> str:
+        m, lo, hi, hp = arms[arm]
+        shown = "" if hp < 0.05 else ", no difference shown"
+        return f"{_iv((m, lo, hi))} (Holm p = {hp:.4f}{shown})"
+    c, n = r["collapsed"], r["seeds"]
+    kind = "" if r["holds"] else ", exploratory since the study's primary does not hold"
+    return (f"on a real model ({REAL_MODEL}) on two-digit addition, with the embedded preset's relative tau and "
+            f"matched scale (docs/results/{REAL_STUDY_FOLDER}/, {n} seeds), pooled AUROC against CAPO without the "
+            f"mask was {said('capo-mask-paper')} with the paper's thresholds and {said('capo-mask-measured')} "
+            f"with the ones `calibrate-mask` measured{kind}; runs that collapsed into answers that never end: "
+            f"{c['capo-mask-paper']} of {n} with the paper's thresholds, {c['capo-mask-measured']} with the measured "
+            f"ones, {c['capo-nomask']} without the mask, {c['grpo']} under GRPO")
+
+
+__all__ = ["ENDPOINTS", "REAL_RESULT", "REAL_STUDY_FOLDER", "STUDY_OF_TASK", "STUDY_RESULTS", "endpoint_table", "headline",
+           "measure", "measure_real", "real_mask_words", "real_words", "study_words"]
