@@ -61,11 +61,8 @@ def demo_budget(task: str = DEMO_TASK, **fields) -> Budget:
 def evidence(budget: Budget) -> str:
     """What the committed studies say about the task the demo ran, how far its one run can speak to it, and what
     the real model's study found (another model and task: said apart)."""
-    text = _tiny_evidence(budget)
-    if REAL_RESULT is not None:
-        text += (f"\nOn a real model, not this demo's (docs/results/{REAL_STUDY_FOLDER}/):\n"
-                 + real_words(REAL_RESULT))
-    return text
+    return (_tiny_evidence(budget) + f"\nOn a real model, not this demo's (docs/results/{REAL_STUDY_FOLDER}/):\n"
+            + real_words(REAL_RESULT))
 
 
 def _tiny_evidence(budget: Budget) -> str:
