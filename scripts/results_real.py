@@ -3,6 +3,7 @@ committed files; scripts/results_tables.py puts them in the pages (``REAL_RENDER
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -10,12 +11,20 @@ import real_lr
 from results_common import RESULTS, summary, table
 
 
+@functools.cache
+def real_result() -> dict:
+    """The real model's study as capo_trl.harness.evidence.measure_real gives it (once per run of this script)."""
+    from capo_trl.harness import evidence
+
+    return evidence.measure_real(RESULTS / evidence.REAL_STUDY_FOLDER)
+
+
 def render_real_words() -> str:
     """The real model's study in words (capo_trl.harness.evidence.real_words): before its look that no result exists
     and its safety reading (collapsed runs), every pre-registered endpoint after it, from its committed files."""
     from capo_trl.harness import evidence
 
-    return evidence.real_words(evidence.measure_real(RESULTS / evidence.REAL_STUDY_FOLDER))
+    return evidence.real_words(real_result())
 
 
 REAL_START = {"addition": "two-digit addition", "addition-guess-half": "addition, half the items hiding an operand"}

@@ -24,7 +24,7 @@ import textwrap
 from pathlib import Path
 
 from results_common import RESULTS, ROOT, summary, table
-from results_real import REAL_RENDER
+from results_real import REAL_RENDER, real_result
 
 from capo_trl.harness.paired import holm, paired_test, t_power
 
@@ -310,11 +310,11 @@ def study_words(task: str) -> str:
 
 
 def render_headline() -> str:
-    """The README's one sentence of result (capo_trl.harness.evidence.headline), from the committed files."""
+    """The README's result, the tiny models' then the real model's (capo_trl.harness.evidence.headline), from the files."""
     from capo_trl.harness import evidence
 
     return evidence.headline(evidence.measure(RESULTS / "guess-half-mask-study", "guess-half"),
-                             evidence.measure_real(RESULTS / evidence.REAL_STUDY_FOLDER))
+                             real_result())
 
 
 # The exploratory pilot's compare runs per budget, in the order they ran (protocol.md and its amendments).
@@ -414,7 +414,7 @@ def render_recommended() -> str:
               "noise_mask": kw("noise_mask", "noise_mask_guard", "ref_thresholds", "ref_high", "ref_low")}
     from capo_trl.harness import evidence
 
-    real = evidence.measure_real(RESULTS / evidence.REAL_STUDY_FOLDER)
+    real = real_result()
     lines = ["**Recommended for a real model** (one configuration, `capo_trl.training.defaults.RECOMMENDED`: "
              "`CAPOConfig`'s defaults, the `capo-recommended` preset, the `capo-qwen2.5-math-*` recipes). The "
              "evidence is the paper's runs on its models, ours on tiny models on CPU, and one study of ours on a "

@@ -158,7 +158,7 @@ def headline(r: dict | None = None, real: dict | None = None) -> str:
         f"{-100 * r['endpoints']['accuracy'][0]:.1f} points of accuracy. The caveat: it did not keep per-question "
         f"AUROC (which of one question's samples to pick) better than GRPO's: {_iv(q)} (95%).") + "\n" + _fill(
         f"Measured on a real model, {REAL_MODEL}, on two-digit addition at learning rate 1e-3: "
-        f"{_real_verdict(real).replace(' there', '')}, {_iv(real['primary'])} in pooled AUROC "
+        f"{_real_verdict(real)}, {_iv(real['primary'])} in pooled AUROC "
         f"({100 * real['level']:g}% interval; pre-registered, {real['seeds']} seeds), and {c} of its "
         f"{real['seeds']} runs drifted into answers that never end (GRPO's: {real['collapsed']['grpo']}). The paper's "
         "absolute tau and 1/tau scale, and larger models, are untested by us.")
@@ -232,10 +232,10 @@ def _real_safety(r: dict) -> str:
 def _real_verdict(r: dict) -> str:
     """What the primary's p and interval support, by the rule fixed before the look."""
     if r["holds"] and r["primary"][1] > 0:
-        return "CAPO without the noise mask kept pooled AUROC better than GRPO there"
+        return "CAPO without the noise mask kept pooled AUROC better than GRPO"
     if r["holds"]:
-        return "CAPO without the noise mask ranked answers worse than GRPO there"
-    return "no difference between CAPO without the noise mask and GRPO was shown there"
+        return "CAPO without the noise mask ranked answers worse than GRPO"
+    return "no difference between CAPO without the noise mask and GRPO was shown"
 
 
 def real_words(r: dict) -> str:
@@ -243,7 +243,7 @@ def real_words(r: dict) -> str:
     and its safety reading."""
     if not r["look"]:
         return _fill(REAL_PENDING.format(planned=r["planned"]) + _real_safety(r))
-    verdict = _real_verdict(r)
+    verdict = _real_verdict(r) + " there"
     kind = "confirmatory" if r["holds"] else "exploratory, since the primary does not hold"
     second = "; ".join(f"{ENDPOINTS.get(e, e)}, {arm} minus {minus}: {_iv((m, lo, hi))} (Holm p = {hp:.4f})"
                        for e, arm, minus, m, lo, hi, hp in r["secondary"])
@@ -281,7 +281,7 @@ def real_mask_words(r: dict) -> str:
     kind = "" if r["holds"] else ", exploratory since the study's primary does not hold"
     return (f"on a real model, {REAL_MODEL}, on two-digit addition, with the embedded preset's relative tau and "
             f"matched scale at learning rate 1e-3 (docs/results/{REAL_STUDY_FOLDER}/, {n} seeds), "
-            f"{_real_verdict(r).replace(' there', '')} (pooled AUROC {_iv(r['primary'])}, p = {r['p']:.4f}), and "
+            f"{_real_verdict(r)} (pooled AUROC {_iv(r['primary'])}, p = {r['p']:.4f}), and "
             f"pooled AUROC against CAPO without the "
             f"mask was {said('capo-mask-paper')} with the paper's thresholds and {said('capo-mask-measured')} "
             f"with the ones `calibrate-mask` measured{kind}; runs that collapsed into answers that never end: "
