@@ -154,6 +154,54 @@ def render_real_study(name: str = "smollm2-study") -> str:
     return confirmatory.render(confirmatory.analyse(RESULTS / name, plan), plan)
 
 
+def all_truncated_from(train: list[dict]) -> dict | None:
+    """A run's first log whose every completion ran to the length limit (clipped ratio 1.0 over the logging
+    window) and what it logged after that: its lowest clipped ratio, and whether any later log had a gradient (the
+    norm is its last step's). None: no such log. With ``mask_truncated_completions`` such steps train nothing."""
+    first = next((i for i, x in enumerate(train) if x["completions/clipped_ratio"] >= 1.0), None)
+    if first is None:
+        return None
+    after = train[first + 1:]
+    return {"step": train[first]["step"],
+            "lowest_clipped_after": min((x["completions/clipped_ratio"] for x in after), default=None),
+            "gradient_after": any(x["grad_norm"] > 0 for x in after)}
+
+
+def render_real_stuck(name: str = "smollm2-study") -> str:
+    """Exploratory, from a finished study's training logs (its records' ``train``): per arm, the runs that logged a
+    window of only truncated completions, when, and whether they trained again; then the same in words."""
+    from capo_trl.harness import confirmatory
+
+    plan, folder = confirmatory.PLANS[name], RESULTS / name
+    config = json.loads((folder / "config.json").read_text())
+    body, stuck, after = [], {}, []
+    for arm in plan.arms:
+        recs = [json.loads(p.read_text()) for s in config["seeds"] if (p := folder / arm / f"seed{s}.json").is_file()]
+        hits = [h for r in recs if (h := all_truncated_from(r["train"])) is not None]
+        others = [max(x["completions/clipped_ratio"] for x in r["train"]) for r in recs
+                  if all_truncated_from(r["train"]) is None]
+        stuck[arm] = (len(hits), len(recs))
+        after += [h for h in hits if h["lowest_clipped_after"] is not None]
+        steps = sorted(h["step"] for h in hits)
+        lowest = [h["lowest_clipped_after"] for h in hits if h["lowest_clipped_after"] is not None]
+        body.append([f"`{arm}`", str(len(recs)), str(len(hits)), f"{steps[0]}-{steps[-1]}" if steps else "-",
+                     f"{min(lowest):.3f}" if lowest else "-", str(sum(h["gradient_after"] for h in hits)),
+                     f"{max(others):.2f}" if others else "-",
+                     str(sum(confirmatory.collapsed(r, plan) for r in recs))])
+    out = table(["arm", "runs", "a log with every completion truncated (runs)", "its first step (range)",
+                 "lowest clipped ratio logged after it", "a gradient logged after it (runs)",
+                 "highest clipped ratio of the other runs", "collapsed at test (the protocol's rule)"], body)
+    counts = "; ".join(f"`{arm}` {n} of {total}" for arm, (n, total) in stuck.items())
+    if not after:
+        return out + f"\nRuns with a log whose every completion ran to the limit: {counts}.\n"
+    trained = sum(h["gradient_after"] for h in after)
+    return out + (f"\nRuns with a log whose every completion ran to the limit: {counts}. Of the {len(after)} that "
+                  f"logged again after it, the lowest clipped ratio logged was "
+                  f"{min(h['lowest_clipped_after'] for h in after):.3f} and {trained} logged a gradient again"
+                  + (" (with `mask_truncated_completions` a truncated completion is out of the loss, so a step "
+                     "whose completions all ran to the limit trains nothing).\n" if trained == 0 else ".\n"))
+
+
 def render_real_tied() -> str:
     """The exploratory pilot of truncated_pairs: tied: collapse per seed next to the study's capo-nomask and grpo
     runs of that seed (smollm2-tied/summary.json, written by `real_tied.py summary`: the study's collapse rule, so
@@ -222,5 +270,6 @@ REAL_RENDER = {"smollm2-start": render_real_start, "smollm2-start-mask": render_
                "smollm2-sweep": render_real_sweep, "smollm2-pilot": render_real_pilot,
                "smollm2-pilot2": lambda: render_real_pilot(RESULTS / "smollm2-pilot2"),
                "smollm2-study": render_real_study, "smollm2-study-words": render_real_words,
+               "smollm2-study-stuck": render_real_stuck,
                "smollm2-tied": render_real_tied, "smollm2-lr": render_real_lr,
                "smollm2-lr-study": lambda: render_real_study("smollm2-lr-study")}
