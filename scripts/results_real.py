@@ -27,6 +27,15 @@ def render_real_words() -> str:
     return evidence.real_words(real_result())
 
 
+def render_real_lr_words() -> str:
+    """The real model's second study in words (capo_trl.harness.evidence.real_lr_words): before its look that no
+    result exists, every pre-registered endpoint after it, from its committed files."""
+    from capo_trl.harness import evidence
+    from capo_trl.harness.confirmatory import REAL_LR_STUDY
+
+    return evidence.real_lr_words(evidence.measure_real(RESULTS / evidence.REAL_LR_STUDY_FOLDER, REAL_LR_STUDY))
+
+
 REAL_START = {"addition": "two-digit addition", "addition-guess-half": "addition, half the items hiding an operand"}
 
 
@@ -272,4 +281,5 @@ REAL_RENDER = {"smollm2-start": render_real_start, "smollm2-start-mask": render_
                "smollm2-study": render_real_study, "smollm2-study-words": render_real_words,
                "smollm2-study-stuck": render_real_stuck,
                "smollm2-tied": render_real_tied, "smollm2-lr": render_real_lr,
-               "smollm2-lr-study": lambda: render_real_study("smollm2-lr-study")}
+               "smollm2-lr-study": lambda: render_real_study("smollm2-lr-study"),
+               "smollm2-lr-study-words": render_real_lr_words}

@@ -279,7 +279,53 @@ def test_the_second_study_analysis_runs_on_its_records(tmp_path):
     assert "capo-nomask-lr3e-4 - grpo-lr3e-4 (primary)" in cf.render(a, plan)
 
 
-_C = "capo-nomask-lr3e-4"
+_G, _C = "grpo-lr3e-4", "capo-nomask-lr3e-4"
+
+
+@pytest.mark.parametrize("effect, verdict", [
+    (-0.06, "so CAPO without the noise mask ranked answers worse than GRPO there"),
+    (0.0, "so no difference between CAPO without the noise mask and GRPO was shown there")])
+def test_the_second_studys_words_are_fixed_before_its_look(tmp_path, effect, verdict):
+    """The README's words for the second study: before its look no result and no count (a finished run then changes
+    only the study's own page); at it the verdict its interval supports, every endpoint, and its own undefined rule."""
+    from pathlib import Path
+
+    from capo_trl.harness import evidence
+
+    committed = Path(__file__).parents[1] / "docs/results/smollm2-lr-study"
+    plan = cf.REAL_LR_STUDY
+    for name in ("config.json", "start.json"):
+        (tmp_path / name).write_text((committed / name).read_text())
+    keys = ("auroc", "accuracy", "mean_tokens", "finished_frac", *plan.descriptive)
+
+    def write(seeds):
+        for s in seeds:
+            rng = np.random.default_rng(s)
+            base = 0.75 + rng.normal(0, 0.03)
+            for arm, shift in zip(plan.arms, (0.0, effect)):
+                rec = {k: float(rng.uniform(0.2, 0.6)) for k in keys}
+                rec.update(auroc=base + shift + rng.normal(0, 0.01), mean_tokens=23.5, finished_frac=0.97, mask={})
+                (tmp_path / arm).mkdir(exist_ok=True)
+                (tmp_path / arm / f"seed{s}.json").write_text(json.dumps(rec))
+
+    write(range(200, 211))
+    pending = evidence.real_lr_words(evidence.measure_real(tmp_path, plan))
+    assert pending == evidence.real_lr_words(evidence.measure_real(tmp_path, plan) | {"finished": {}})
+    assert "No result yet: its one analysis comes at 12 complete seeds." in " ".join(pending.split())
+    assert "AUROC" not in pending and "11" not in pending
+    write([211])
+    r = evidence.measure_real(tmp_path, plan)
+    a = cf.analyse(tmp_path, plan)
+    assert r["primary"] == tuple(round(a["primary"][k], 3) for k in ("mean", "low", "high"))
+    assert (r["grpo"], r["nomask"]) == (round(a["means"][_G]["auroc"], 3), round(a["means"][_C]["auroc"], 3))
+    text = " ".join(evidence.real_lr_words(r).split())
+    assert text.startswith("At learning rate 3e-4, on the same model and task: in a second pre-registered study at its "
+                           "final look with 12 complete seeds") and verdict in text
+    assert text.count("Holm p = ") == 3 and f"Collapsed runs of 12: {_G} 0, {_C} 0." in text
+    rec = json.loads((tmp_path / _C / "seed203.json").read_text())
+    (tmp_path / _C / "seed203.json").write_text(json.dumps({**rec, "auroc": None}))
+    text = " ".join(evidence.real_lr_words(evidence.measure_real(tmp_path, plan)).split())
+    assert f"counted as 0.5, as its protocol says, for {_C} seed 203; leaving those seeds out" in text
 
 
 def test_the_second_study_runner_keeps_the_record_the_analysis_reads(tmp_path, monkeypatch):

@@ -189,21 +189,30 @@ REAL_PENDING = (
     "(without that, 2 of 6 runs drifted into answers that never end); whether CAPO keeps it there is the question "
     "of a confirmatory study committed before its runs, running now, its analysis at {planned} complete seeds.")
 
+# The second study (smollm2-lr-study/protocol.md), its words fixed before its look as the first's were.
+REAL_LR_STUDY_FOLDER = "smollm2-lr-study"
+REAL_LR_PENDING = (
+    "A second pre-registered study asks the same question at learning rate 3e-4 (GRPO against CAPO without the "
+    "noise mask, 100 steps; its protocol committed before its runs, which started on 2026-12-05). No result yet: "
+    "its one analysis comes at {planned} complete seeds.")
 
-def measure_real(folder: Path) -> dict:
-    """The real model's study at the look that ends it, rounded as printed; before that look (``look`` False)
-    only its safety reading: how many of the finished runs of each arm collapsed by the protocol's rule."""
+
+def measure_real(folder: Path, plan=None) -> dict:
+    """A real-model study (``plan``: the first, REAL_STUDY, unless given) at the look that ends it, rounded as
+    printed; before that look (``look`` False) only its safety reading: how many of the finished runs of each arm
+    collapsed by the protocol's rule. ``grpo`` and ``nomask`` are the means of its primary's two arms."""
     from .confirmatory import REAL_STUDY, analyse
 
-    a = analyse(folder, REAL_STUDY)
+    plan = plan or REAL_STUDY
+    a = analyse(folder, plan)
     if a["look"] is None or not a["look"]["stop"]:
         return {"look": False, "planned": len(a["planned_seeds"]),
                 "finished": {arm: len(s) for arm, s in a["finished"].items()},
                 "collapsed": {arm: len(s) for arm, s in a["collapsed_finished"].items()},
-                "rule": (REAL_STUDY.collapse_tokens, REAL_STUDY.min_finished)}
-    p, seeds = a["primary"], a["look"]["seeds"]
+                "rule": (plan.collapse_tokens, plan.min_finished)}
+    p, seeds, (_, capo, grpo) = a["primary"], a["look"]["seeds"], plan.primary
     r = {"look": True, "seeds": len(seeds), "level": round(p["confidence"], 3), "start": round(a["start"]["auroc"], 3),
-         "grpo": round(a["means"]["grpo"]["auroc"], 3), "nomask": round(a["means"]["capo-nomask"]["auroc"], 3),
+         "grpo": round(a["means"][grpo]["auroc"], 3), "nomask": round(a["means"][capo]["auroc"], 3),
          "primary": tuple(round(p[k], 3) for k in ("mean", "low", "high")), "p": round(p["p"], 4),
          "flip_p": round(p["flip_p"], 4), "above": p["favour"], "holds": bool(p["holds"]),
          "stopped": "closed at its deadline" if a["closed"] else "at its final look",
@@ -243,6 +252,23 @@ def real_words(r: dict) -> str:
     and its safety reading."""
     if not r["look"]:
         return _fill(REAL_PENDING.format(planned=r["planned"]) + _real_safety(r))
+    return _look_words(r, f"On a real model, {REAL_MODEL}, on two-digit addition: in a pre-registered study",
+                       "as the protocol's amendment says")
+
+
+def real_lr_words(r: dict) -> str:
+    """The real model's second study (smollm2-lr-study/) in words, fixed like the first's before its look: before
+    it that no result exists (no count, so a finished run changes no page but the study's own); at it every
+    pre-registered endpoint."""
+    if not r["look"]:
+        return _fill(REAL_LR_PENDING.format(planned=r["planned"]))
+    return _look_words(r, "At learning rate 3e-4, on the same model and task: in a second pre-registered study",
+                       "as its protocol says")
+
+
+def _look_words(r: dict, lead: str, undefined_rule: str) -> str:
+    """A real-model study's words at its look: the primary's verdict by the rule fixed before it, then every
+    secondary with its Holm p, accuracy, collapses and undefined AUROCs."""
     verdict = _real_verdict(r) + " there"
     kind = "confirmatory" if r["holds"] else "exploratory, since the primary does not hold"
     second = "; ".join(f"{ENDPOINTS.get(e, e)}, {arm} minus {minus}: {_iv((m, lo, hi))} (Holm p = {hp:.4f})"
@@ -252,13 +278,13 @@ def real_words(r: dict) -> str:
     undefined = ""
     if r["undefined"]:
         runs = ", ".join(f"{arm} seed {seed}" for arm, seed in r["undefined"])
-        undefined = (f" Pooled AUROC was undefined (answers of one class only) and counted as 0.5, as the protocol's "
-                     f"amendment says, for {runs}")
+        undefined = (f" Pooled AUROC was undefined (answers of one class only) and counted as 0.5, {undefined_rule}, "
+                     f"for {runs}")
         d = r["defined_only"]
         undefined += (f"; leaving those seeds out (a sensitivity analysis), CAPO without the mask minus GRPO was "
                       f"{_iv(d)} on {d[3]} seeds." if d else ".")
     return _fill(
-        f"On a real model, {REAL_MODEL}, on two-digit addition: in a pre-registered study {r['stopped']} with "
+        f"{lead} {r['stopped']} with "
         f"{r['seeds']} complete seeds of 100 steps, GRPO's pooled AUROC went from {r['start']:.3f} before RL to "
         f"{r['grpo']:.3f} on average and CAPO without the noise mask's to {r['nomask']:.3f}: {_iv(r['primary'])} "
         f"against GRPO ({100 * r['level']:g}% t interval, the primary endpoint; paired t p = {r['p']:.4f}, exact "
@@ -289,5 +315,6 @@ def real_mask_words(r: dict) -> str:
             f"ones, {c['capo-nomask']} without the mask, {c['grpo']} under GRPO")
 
 
-__all__ = ["ENDPOINTS", "REAL_RESULT", "REAL_STUDY_FOLDER", "STUDY_OF_TASK", "STUDY_RESULTS", "endpoint_table", "headline",
-           "measure", "measure_real", "real_mask_words", "real_words", "study_words"]
+__all__ = ["ENDPOINTS", "REAL_LR_STUDY_FOLDER", "REAL_RESULT", "REAL_STUDY_FOLDER", "STUDY_OF_TASK", "STUDY_RESULTS",
+           "endpoint_table", "headline", "measure", "measure_real", "real_lr_words", "real_mask_words", "real_words",
+           "study_words"]
