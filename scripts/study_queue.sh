@@ -12,7 +12,7 @@
 # (work in another worktree and fast-forward under the same lock, <git dir>/study-commit.lock): a commit takes the
 # re-rendered pages whole. Its log: <frozen>/runs/study/queue.log.
 set -u
-FROZEN=$(cd "$1" && pwd); RUNNER=$2; STUDY=docs/results/$3; ARMS=$4; HERE=$(cd "$(dirname "$0")/.." && pwd)
+FROZEN=$(cd "$1" && pwd); RUNNER=$2; NAME=$3; STUDY=docs/results/$3; ARMS=$4; HERE=$(cd "$(dirname "$0")/.." && pwd)
 LOCK=$(cd "$HERE" && cd "$(git rev-parse --git-common-dir)" && pwd)/study-commit.lock
 mkdir -p "$FROZEN/runs/study"
 log() { echo "$(date -u +%FT%TZ) $*" >> "$FROZEN/runs/study/queue.log"; }
@@ -28,7 +28,7 @@ slot() {
         flock 9
         mkdir -p "$HERE/$STUDY/$arm" && cp "$FROZEN/$STUDY/$arm/seed$seed.json" "$HERE/$STUDY/$arm/"
         cd "$HERE" && python scripts/results_tables.py > /dev/null && git add "$STUDY" README.md docs \
-          && git commit -q -m "The real model's study $3: $arm seed $seed finished (its record, committed as it was written, and the pages re-rendered)"
+          && git commit -q -m "The real model's study $NAME: $arm seed $seed finished (its record, committed as it was written, and the pages re-rendered)"
         log "committed $arm $seed rc=$?"
       ) 9> "$LOCK"
     done
