@@ -181,14 +181,14 @@ def render_real_stuck(name: str = "smollm2-study") -> str:
     window of only truncated completions, when, and whether they trained again; then the same in words."""
     from capo_trl.harness import confirmatory
 
-    plan, folder = confirmatory.PLANS[name], RESULTS / name
-    config = json.loads((folder / "config.json").read_text())
+    plan = confirmatory.PLANS[name]
+    _, runs = confirmatory.load(RESULTS / name, plan)
     body, stuck, after = [], {}, []
-    for arm in plan.arms:
-        recs = [json.loads(p.read_text()) for s in config["seeds"] if (p := folder / arm / f"seed{s}.json").is_file()]
-        hits = [h for r in recs if (h := all_truncated_from(r["train"])) is not None]
-        others = [max(x["completions/clipped_ratio"] for x in r["train"]) for r in recs
-                  if all_truncated_from(r["train"]) is None]
+    for arm, by_seed in runs.items():
+        recs = list(by_seed.values())
+        found = [(r, all_truncated_from(r["train"])) for r in recs]
+        hits = [h for _, h in found if h is not None]
+        others = [max(x["completions/clipped_ratio"] for x in r["train"]) for r, h in found if h is None]
         stuck[arm] = (len(hits), len(recs))
         after += [h for h in hits if h["lowest_clipped_after"] is not None]
         steps = sorted(h["step"] for h in hits)

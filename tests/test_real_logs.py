@@ -29,7 +29,7 @@ def test_its_block_counts_per_arm_and_says_whether_any_trained_again(tmp_path, m
     plan = confirmatory.PLANS["smollm2-study"]
     folder = tmp_path / "smollm2-study"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"seeds": [100, 101]}))
+    (folder / "config.json").write_text(json.dumps({"methods": list(plan.arms.values()), "seeds": [100, 101]}))
     healthy, stuck = log((0.1, 0.2), (0.4, 0.1)), log((0.3, 0.2), (1.0, 0.0), (1.0, 0.0))
     for arm in plan.arms:
         (folder / arm).mkdir()
