@@ -89,6 +89,15 @@ def math_accuracy_reward(completions, answer=None, solution=None, **kwargs) -> l
     return _accuracy(default_grader(), completions, answer, solution, "math_reward", **kwargs)
 
 
+def _math_answer_spans(completions, **kwargs) -> list[tuple[int, int] | None]:
+    """Where the shared grader reads each completion's final answer (:meth:`MathGrader.answer_spans`)."""
+    return default_grader().answer_spans(completions)
+
+
+# A reward function that says where each answer is lets CAPO score the answer's own tokens (score_span='answer').
+math_accuracy_reward.answer_spans = _math_answer_spans
+
+
 # A boxed answer, then only closing punctuation, math delimiters, markdown bold and end tags.
 _TAIL = re.compile(r"(?:\s|[.,;:!)\]$*]|\\\]|\\\)|</[A-Za-z_][\w-]*>|<\|[\w-]+\|>|<｜[^｜<>]{1,40}｜>)*")
 
@@ -183,6 +192,9 @@ def redraw_reward(completions, solutions, guessable, prompts=None, trainer_state
     kwargs.pop("answer", None)  # the fixed gold; graded against the drawn solution instead
     kwargs.pop("solution", None)
     return math_accuracy_reward(completions, solution=golds, **kwargs)
+
+
+redraw_reward.answer_spans = _math_answer_spans  # graded by the math reward: its answers are where it reads them
 
 
 def with_grader_noise(reward_func, rate: float, seed: int = 0):

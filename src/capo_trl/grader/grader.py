@@ -14,7 +14,7 @@ import weakref
 from .call import grade_codes
 from .fast import answer_key, fast_verdict, plain_number
 from .memory import GoldBook, Verdicts
-from .normalize import as_text, prepared_text
+from .normalize import answer_span, as_text, prepared_text
 from .pool import _STOP_WAIT, _Batch, _default_workers, _is_int, _Workers
 from .worker import (
     _CHUNK,
@@ -272,6 +272,23 @@ class MathGrader:
         slow = [i for i, known in enumerate(out) if known is None]
         for i, r in zip(slow, self._run(_extract_task, [(texts[i],) for i in slow])):
             out[i] = r if isinstance(r, str) else None
+        return out
+
+    def answer_spans(self, completions, **kwargs) -> list[tuple[int, int] | None]:
+        """Where each completion's final answer is, as ``(start, end)`` characters of its text: what the grader
+        reads, so a score over those characters is the answer's own confidence (``CAPOConfig.score_span``).
+
+        The last run of boxes, or a completion that is only a number, is found here; any other answer is
+        math-verify's extracted string, taken at its last occurrence in the text. None: no answer (nothing
+        extracted, or the extracted string is not written as such in the text).
+        """
+        texts = [as_text(c) for c in completions]
+        out = [answer_span(t) for t in texts]
+        rest = [i for i, span in enumerate(out) if span is None]
+        for i, extracted in zip(rest, self.extract([texts[i] for i in rest]) if rest else []):
+            at = texts[i].rfind(extracted) if extracted else -1
+            if at >= 0:
+                out[i] = (at, at + len(extracted))
         return out
 
 

@@ -234,6 +234,14 @@ def last_boxed(text: str) -> str | None:
     return text[_BOX.match(text, start).end() : end]
 
 
+def _final_run(text: str, spans: list[tuple[int, int]]) -> int:
+    """Index in ``spans`` of the first box of the last run of boxes joined only by ``and``, commas or math."""
+    first = len(spans) - 1
+    while first > 0 and _JOIN.fullmatch(text, spans[first - 1][1] + 1, spans[first][0]):
+        first -= 1
+    return first
+
+
 def _final_boxes(text: str) -> str:
     """Keep the last run of boxes: ``\\boxed{7} ... wait ... \\boxed{8}`` answers 8, while
     ``$\\boxed{2}$ and $\\boxed{3}$`` still answers {2, 3} (math-verify would join all boxes)."""
@@ -242,9 +250,7 @@ def _final_boxes(text: str) -> str:
     spans = _box_spans(text)
     if len(spans) < 2:
         return text
-    first = len(spans) - 1
-    while first > 0 and _JOIN.fullmatch(text, spans[first - 1][1] + 1, spans[first][0]):
-        first -= 1
+    first = _final_run(text, spans)
     if first < len(spans) - 1:  # several boxes, one answer: a form math-verify reads as a set
         return ", ".join(text[a : b + 1] for a, b in spans[first:])
     return text[spans[-1][0] :]
@@ -252,6 +258,22 @@ def _final_boxes(text: str) -> str:
 
 # A completion that is nothing but a number (``54``, ``-3.5``, ``54.``): its answer, though unanchored.
 _BARE_NUMBER = re.compile(r"\s*(-?[0-9]+(?:\.[0-9]+)?)\.?\s*")
+
+
+def answer_span(text: str) -> tuple[int, int] | None:
+    """``(start, end)`` characters of the final answer the grader reads, found without a worker: the contents
+    of the last run of boxes (from the first box's content to the last one's), or a completion that is only a
+    number; None otherwise (then :meth:`MathGrader.answer_spans` asks math-verify's extraction)."""
+    if bare := _BARE_NUMBER.fullmatch(text):
+        return bare.span(1)
+    spans = _box_spans(text) if "\\" in text else []
+    if not spans:
+        return None
+    start, end = _BOX.match(text, spans[_final_run(text, spans)][0]).end(), spans[-1][1]
+    inner = text[start:end]
+    if not inner.strip():
+        return None
+    return start + len(inner) - len(inner.lstrip()), end - len(inner) + len(inner.rstrip())
 
 
 def prepared_text(text: str) -> str:

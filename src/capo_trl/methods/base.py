@@ -24,7 +24,9 @@ class AdvantageInputs:
     ``step`` the optimizer step the rollout was generated at; ``truncated`` (N,) bool, the completions cut at
     ``max_completion_length`` (no EOS: TRL's ``completions/clipped_ratio``). Methods with ``parse_confidence`` also
     get the stated ``confidence`` (N,) (NaN if none), ``format_ok`` (N,) and ``confidence_mask``
-    (N, T) of the confidence block's tokens (T = the widest completion over processes).
+    (N, T) of the confidence block's tokens (T = the widest completion over processes). Methods whose
+    :meth:`Method.wants_answer_scores` is true get ``answer_scores`` (N,): the mean token log-prob of each final
+    answer's own tokens, where the reward function reads it (NaN: no answer found).
     """
 
     rewards: torch.Tensor
@@ -37,6 +39,7 @@ class AdvantageInputs:
     confidence: torch.Tensor | None = None
     format_ok: torch.Tensor | None = None
     confidence_mask: torch.Tensor | None = None
+    answer_scores: torch.Tensor | None = None
     extra: dict[str, torch.Tensor] = field(default_factory=dict)  # what rollout_inputs returned, gathered
 
 
@@ -172,6 +175,11 @@ class Method:
     def advantages(self, batch: AdvantageInputs) -> tuple[torch.Tensor, dict[str, float]]:
         """``(N,)`` or per-token ``(N, T)`` advantages for the global batch, and metrics to log."""
         raise NotImplementedError
+
+    def wants_answer_scores(self) -> bool:
+        """Whether :meth:`advantages` reads ``AdvantageInputs.answer_scores`` (the trainer then asks a reward
+        function where each answer is: its ``answer_spans``)."""
+        return False
 
     def make_state(self, num_generations: int) -> MethodState | None:
         """Per-run state, or None (the default: the method is a pure function of each batch)."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import torch
+
 from ..advantages import (
     NORMALIZATIONS,
     SCALES,
@@ -18,6 +20,7 @@ from .base import AdvantageInputs, Method, check_fields, help_text
 
 TAU_MODES = ("absolute", "relative")
 TRUNCATED_PAIRS = ("ranked", "tied")
+SCORE_SPANS = ("completion", "answer")
 
 
 @dataclass
@@ -44,6 +47,10 @@ class CAPOArgs:
         "any other: an unconfident truncated wrong answer gets almost no advantage) or 'tied' (its pairs weigh as "
         "if the two scores were equal: credited by its reward alone, as GRPO credits it).",
         choices=list(TRUNCATED_PAIRS)))
+    score_span: str = field(default="completion", metadata=help_text(
+        "Which tokens the score s averages: 'completion' (every generated token: the paper's) or 'answer' (only "
+        "the final answer's own tokens, where the reward function reads it: its answer_spans; a completion with "
+        "no answer is credited by its reward alone, as with truncated_pairs='tied').", choices=list(SCORE_SPANS)))
 
 
 class CAPO(Method):
@@ -57,7 +64,10 @@ class CAPO(Method):
     def validate(cls, args: CAPOArgs, prefix: str = "CAPOConfig.") -> None:
         check_fields(args, prefix, positive=("tau",), choices={
             "advantage_normalization": NORMALIZATIONS, "surrogate": SURROGATES, "tau_mode": TAU_MODES,
-            "advantage_scale": SCALES, "truncated_pairs": TRUNCATED_PAIRS})
+            "advantage_scale": SCALES, "truncated_pairs": TRUNCATED_PAIRS, "score_span": SCORE_SPANS})
+
+    def wants_answer_scores(self) -> bool:
+        return self.args.score_span == "answer"
 
     def check(self, config) -> None:
         scale = getattr(config, "scale_rewards", "group")
@@ -70,21 +80,35 @@ class CAPO(Method):
 
     def advantages(self, batch: AdvantageInputs):
         a = self.args
+        scores, tied = self._ranked_scores(batch)
         tau = a.tau
         if a.tau_mode == "relative":
-            spread = within_group_std(batch.rewards, batch.scores, batch.num_generations).item()
+            spread = within_group_std(batch.rewards, scores, batch.num_generations).item()
             if math.isfinite(spread) and spread > 0:  # no mixed group means no pair: any tau gives zero
                 tau = a.tau * spread
-        tied = None
-        if a.truncated_pairs == "tied":
-            if batch.truncated is None:
-                raise ValueError("CAPOConfig.truncated_pairs='tied' needs AdvantageInputs.truncated (which completions "
-                                 "were cut at max_completion_length); the trainer fills it.")
-            tied = batch.truncated
-        adv = capo_advantages(batch.rewards, batch.scores, batch.num_generations, tau, a.advantage_normalization,
+        adv = capo_advantages(batch.rewards, scores, batch.num_generations, tau, a.advantage_normalization,
                               a.surrogate, a.advantage_scale, tied)
         if a.advantage_scale == "bounded":  # on TRL's scale: equals GRPO's advantage as tau grows
             adv = adv / reward_scale(batch.rewards, batch.num_generations, batch.scale_rewards)
         elif a.advantage_scale == "matched":
             adv = match_group_l1(adv, batch.trl_advantages, batch.num_generations)
         return adv, {"capo/tau": tau}
+
+    def _ranked_scores(self, batch: AdvantageInputs):
+        """The scores CAPO ranks (``score_span``) and the rows whose pairs count as tied (a truncated completion
+        under ``truncated_pairs='tied'``; a completion without an answer under ``score_span='answer'``)."""
+        a = self.args
+        tied = None
+        if a.truncated_pairs == "tied":
+            if batch.truncated is None:
+                raise ValueError("CAPOConfig.truncated_pairs='tied' needs AdvantageInputs.truncated (which completions "
+                                 "were cut at max_completion_length); the trainer fills it.")
+            tied = batch.truncated
+        if a.score_span == "completion":
+            return batch.scores, tied
+        if batch.answer_scores is None:
+            raise ValueError("CAPOConfig.score_span='answer' needs AdvantageInputs.answer_scores (the mean token "
+                             "log-prob of each answer's own tokens); the trainer fills it.")
+        found = torch.isfinite(batch.answer_scores)
+        tied = ~found if tied is None else tied | ~found
+        return torch.where(found, batch.answer_scores, batch.scores), tied

@@ -79,6 +79,13 @@ class CAPOConfig(*_METHOD_ARGS, GRPOConfig):
             equal, so it is credited by its reward alone, as GRPO credits it (the relative `tau`'s spread
             still counts its score). Under `mask_truncated_completions` its advantage leaves the loss, and
             the finished completions of its group carry the opposite.
+        score_span (`str`, defaults to `"completion"`):
+            Which tokens CAPO's score `s` averages. `"completion"`: every generated token (the paper's).
+            `"answer"`: only the final answer's own tokens, where the reward function reads it (its
+            `answer_spans`; `math_accuracy_reward` and `MathReward` have one), so a right answer worded off the
+            worked template is not taken for an unconfident one. A completion with no answer is credited by its
+            reward alone (its pairs count as tied). The mask's reference perplexity and the logged `capo/auroc`
+            stay over the whole completion.
         noise_mask_guard (`bool`, defaults to `True`):
             When the mask would drop a whole class (every correct or every wrong completion) of a batch,
             keep that class in this batch, warn once and log `capo/mask_guard_kept`. A whole class

@@ -17,6 +17,7 @@ from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import use_adapter
 
 from ..advantages import mean_token_logprob
+from .answers import answer_token_mask, checked_spans
 from .losses import FORWARD_KEYS
 from .reference import sequence_keys
 
@@ -79,13 +80,34 @@ class ReferenceScoring:
             )
         return logps
 
-    def _rollout_scores(self, out, loss_mask, record) -> torch.Tensor:
-        """s_i under the policy that sampled: TRL's old log-probs, else the recorded ones, else a forward.
+    def _rollout_scores(self, out, loss_mask, record, inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """s_i under the policy that sampled: TRL's old log-probs, else the recorded ones, else a forward; and,
+        when the method asks for it, the same average over each final answer's own tokens (NaN: no answer).
 
         s averages every generated token (tool output excluded), also those of a completion that
         ``mask_truncated_completions`` leaves out of the loss: a truncated answer still takes part in
         CAPO's comparisons, as its reward does in GRPO's group baseline.
         """
+        per_token, score_mask = self._rollout_token_logps(out, loss_mask, record)
+        scores = mean_token_logprob(per_token, score_mask)
+        if self._answer_spans is None:
+            return scores, None
+        spans_of, name = self._answer_spans
+
+        def decode(ids):  # as TRL decodes the completions the reward functions see
+            return self._tokenizer.decode(ids, skip_special_tokens=True)
+
+        ids = out["completion_ids"]
+        lengths = record.completion_lengths or [int(n) for n in out["completion_mask"].sum(dim=1).tolist()]
+        texts = [decode(ids[i, :n].tolist()) for i, n in enumerate(lengths)]
+        columns = {k: [row[k] for row in inputs] for k in inputs[0] if k not in ("prompt", "completion")}
+        spans = checked_spans(spans_of(completions=texts, prompts=[row["prompt"] for row in inputs], **columns),
+                              texts, name)
+        answer = answer_token_mask(ids, lengths, spans, decode)
+        return scores, mean_token_logprob(per_token, score_mask * answer.to(score_mask.dtype))
+
+    def _rollout_token_logps(self, out, loss_mask, record) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(B, T)`` token log-probs of the rollout under the policy that sampled it, and the mask s averages."""
         attend, score_mask = self._generated_masks(out, loss_mask, record)
         if "old_per_token_logps" in out:  # TRL scored truncated rows with their completion hidden: redo those
             per_token = self._rescored(out, attend, out["old_per_token_logps"])
@@ -96,7 +118,7 @@ class ReferenceScoring:
                 per_token[i, : len(row)] = torch.tensor(row[:width])
         else:
             per_token = self._forward_logps(self.model, {**out, "completion_mask": attend})
-        return mean_token_logprob(per_token, score_mask)
+        return per_token, score_mask
 
     def _generated_masks(self, out, loss_mask, record) -> tuple[torch.Tensor, torch.Tensor]:
         """(completion attention mask, score mask) over every generated token: TRL's masks as they were before

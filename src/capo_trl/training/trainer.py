@@ -36,12 +36,13 @@ from .checkpoint import CheckpointedState
 from .checks import check_dataset_size, check_prompt_lengths
 from .config import MASK_FREE_NORMALISER, CAPOConfig
 from ..errors import UsageError
+from .answers import span_source
 from .losses import MethodLosses
 from .mask import NoiseMask
 from ..methods import AdvantageInputs, Rollout, resolve_method
 from ..methods.base import verbalized_inputs
 from .model_card import CAPO_PAPER, name_local_models, settings_section
-from .monitor import all_truncated_warning, rollout_metrics
+from .monitor import DriftWatch, rollout_metrics, truncation_signals
 from ..evaluation.prefill import shared_prefill
 from ..evaluation.recorder import RolloutLogprobRecorder, distribution_changes
 from .reference import (ReferenceScoreCache, adapter_is_identity, add_reference_adapter, build_reference,
@@ -133,6 +134,10 @@ class CAPOTrainer(CheckpointedState, MethodLosses, ReferenceScoring, GRPOTrainer
                 "CAPOConfig(...): it accepts every GRPOConfig field."
             )
         check_dataset_size(train_dataset, args)  # before any model is loaded
+        method = resolve_method(args.advantage_estimator)(args)
+        funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
+        self._answer_spans = (span_source(funcs, [getattr(f, "__name__", str(f)) for f in funcs])
+                              if method.wants_answer_scores() else None)
         self._quantization_config = quantization_config
         mask_on = bool(args.noise_mask)
         mask_needs_ref = mask_on and args.beta == 0.0
@@ -162,15 +167,16 @@ class CAPOTrainer(CheckpointedState, MethodLosses, ReferenceScoring, GRPOTrainer
         self._ref_cache_usable = args.ref_cache_size > 0 and not self._sharded  # sharded forwards are collective
         self._record = StepRecord()
         self._mask = NoiseMask(args) if args.noise_mask else None
-        self._warned_all_truncated = False
+        self._drift = DriftWatch()
         # TRL averages an entropy bonus over the mask's kept rows, so unscored (kept) tied rows would change it
         entropy_bonus = args.entropy_coef != 0.0 or args.use_adaptive_entropy
         normaliser_free = args.loss_type in MASK_FREE_NORMALISER or args.noise_mask_normalizer == "unmasked"
         exact = normaliser_free and args.beta == 0.0 and args.top_entropy_quantile == 1.0 and not entropy_bonus
         self._ref_scoring = args.ref_scoring if args.ref_scoring != "auto" else "needed" if exact else "all"
         self._loss_inputs = self._loss_rows = None  # the micro-batch whose loss is being computed, its forwarded rows
-        self.method = resolve_method(args.advantage_estimator)(args)
+        self.method = method
         self._skip_rows = resolve_skipping(args, self.method) and not self._router_aux_loss(args)
+
         if args.share_prompt_in_loss and self.accelerator.num_processes > 1:
             raise UsageError(f"CAPOConfig.share_prompt_in_loss=True runs in one process only (it has not run with "
                              f"{self.accelerator.num_processes}); set share_prompt_in_loss=False.")
@@ -256,7 +262,8 @@ class CAPOTrainer(CheckpointedState, MethodLosses, ReferenceScoring, GRPOTrainer
         args = self.args
         loss_mask = out["completion_mask"] * out["tool_mask"] if "tool_mask" in out else out["completion_mask"]
         record.rewards = rewards = self._total_rewards(record)
-        record.scores = scores = self.accelerator.gather(self._rollout_scores(out, loss_mask, record))
+        scores, answer_scores = self._rollout_scores(out, loss_mask, record, inputs)
+        record.scores = scores = self.accelerator.gather(scores)
         local = slice(self.accelerator.process_index * len(inputs), (self.accelerator.process_index + 1) * len(inputs))
 
         self._metrics[mode]["capo/score_spread"].append(within_group_std(rewards, scores, num_generations).item())
@@ -267,9 +274,10 @@ class CAPOTrainer(CheckpointedState, MethodLosses, ReferenceScoring, GRPOTrainer
             scale_rewards=self.scale_rewards, truncated=self._gathered_truncated(record, rewards),
             **self._verbalized_inputs(out, loss_mask),
             extra=self._rollout_inputs(out, loss_mask, inputs, mode),
+            answer_scores=None if answer_scores is None else self.accelerator.gather(answer_scores),
         )
-        self._warn_if_all_truncated(batch.truncated, mode)
         advantages, extra = self.method.advantages(batch)
+        extra = {**extra, **self._watch_truncation(batch, advantages, mode)}
         for name, value in extra.items():
             self._metrics[mode][name].append(value)
 
@@ -365,6 +373,15 @@ class CAPOTrainer(CheckpointedState, MethodLosses, ReferenceScoring, GRPOTrainer
         return total.masked_fill(torch.isnan(per_func).all(dim=1), float("nan"))
 
     # ----------------------------------------------------------------------------------- logging
+    def _watch_truncation(self, batch: AdvantageInputs, advantages: torch.Tensor, mode: str) -> dict[str, float]:
+        """The drift signals of this rollout (logged), and each truncation warning once per run."""
+        per_sample = advantages if advantages.dim() == 1 else advantages[:, 0]
+        signals, warnings = truncation_signals(batch, per_sample, self.args, self._drift, self.state.global_step,
+                                               mode == "train")
+        for message in warnings:
+            logger.warning(message, main_process_only=True)
+        return signals
+
     def _replace_logged_advantages(self, advantages: torch.Tensor) -> None:
         """Keep the completions table in sync: TRL appended its own advantages for this batch."""
         logged = self._logs["advantages"]
@@ -372,13 +389,6 @@ class CAPOTrainer(CheckpointedState, MethodLosses, ReferenceScoring, GRPOTrainer
             logged.pop()
         logged.extend(advantages.tolist())
 
-    def _warn_if_all_truncated(self, truncated: torch.Tensor | None, mode: str) -> None:
-        """A step with every completion truncated and masked out of the loss is a silent no-op: say so once."""
-        if (mode == "train" and self.args.mask_truncated_completions and truncated is not None
-                and bool(truncated.all()) and not self._warned_all_truncated):
-            self._warned_all_truncated = True
-            logger.warning(all_truncated_warning(self.state.global_step, truncated.numel(),
-                                                 self.args.max_completion_length), main_process_only=True)
 
     def _log_calibration(self, mode, record: StepRecord, advantages, num_generations) -> None:
         # TRL's completions table (log_completions=True): why each sample got its advantage or was dropped
