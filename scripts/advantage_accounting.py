@@ -7,7 +7,8 @@ Samples ``--n`` completions of ``--limit`` train problems of a task from its sta
 each, as in training) to each estimator through the library's own ``Method.advantages``. For each estimator it
 reports, as shares of its total |advantage| (so a smaller step size does not count as a weaker push):
 
-- ``truncation_push``: the net advantage on completions cut at the limit, over GRPO's (``capo/truncation_push``);
+- ``truncation_push``: the net advantage on completions cut at the limit, over GRPO's (what ``capo/truncated_adv_share``
+  over ``capo/truncated_adv_share_grpo`` logs in training);
 - ``standard_share``: the net advantage on completions written exactly as the task's worked solution;
 - ``credit_ratio``: a right answer's mean advantage off the standard form over on it;
 - ``step``: the mean |advantage| over GRPO's;

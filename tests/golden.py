@@ -122,7 +122,7 @@ def close(a, b, rel: float = 0.0, abs_: float = 0.0) -> bool:
 
 
 # Metrics logged since the recording: they add a number to each step's log and change nothing the run does.
-NEW_METRICS = {"capo/answered_truncated_frac", "capo/truncation_push"}
+NEW_METRICS = {"capo/answered_truncated_frac", "capo/truncated_adv_share", "capo/truncated_adv_share_grpo"}
 
 
 def differences(got: dict, expected: dict) -> list[str]:

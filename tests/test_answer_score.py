@@ -15,7 +15,7 @@ from capo_trl.grader.normalize import answer_span
 from capo_trl.methods import AdvantageInputs, resolve_method
 from capo_trl.rewards import MathReward, math_accuracy_reward
 from capo_trl.training.answers import answer_token_mask, checked_spans, span_source
-from capo_trl.training.monitor import DriftWatch, truncation_push
+from capo_trl.training.monitor import DriftWatch, truncated_share
 
 COMMON = dict(per_device_train_batch_size=8, num_generations=4, max_completion_length=8, max_steps=2,
               learning_rate=1e-2, bf16=False, use_cpu=True, report_to="none", logging_steps=1, save_strategy="no",
@@ -153,42 +153,59 @@ def test_one_character_span_scores_one_token(model_here):
     assert all(bool(torch.isclose(token_logps, v, atol=1e-6).any()) for v in found[hits])
 
 
-def test_truncation_push_is_a_share_of_grpos():
+def test_truncated_share_is_scale_free():
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0])
     truncated = torch.tensor([False, False, False, True, False, False, True, True])
     grpo = grpo_advantages(rewards, 4)
-    assert truncation_push(grpo, grpo, truncated, rewards) == pytest.approx(1.0)
-    assert truncation_push(3 * grpo, grpo, truncated, rewards) == pytest.approx(1.0)  # a larger step, same push
-    none = torch.where(truncated, 0.0, grpo)
-    assert truncation_push(none, grpo, truncated, rewards) == pytest.approx(0.0)
-    assert math.isnan(truncation_push(grpo, grpo, torch.zeros(8, dtype=torch.bool), rewards))
+    share = truncated_share(grpo, truncated, rewards)
+    expected = (grpo[truncated].sum() / grpo.abs().sum()).item()
+    assert share == pytest.approx(expected) and share < 0
+    assert truncated_share(3 * grpo, truncated, rewards) == pytest.approx(share)  # a larger step, the same push
+    assert truncated_share(torch.where(truncated, 0.0, grpo), truncated, rewards) == 0.0
+    assert truncated_share(torch.zeros(8), truncated, rewards) == 0.0  # nothing has an advantage
 
 
-@pytest.mark.parametrize("clipped, push, fires_at", [
-    ([0.05] * 10 + [0.05] * 5 + [0.2] * 10, 0.1, 19),  # rising to 0.2 under a weak push: warned once
-    ([0.05] * 10 + [0.15] * 15, 1.0, None),  # GRPO's own push: never
-    ([0.05] * 30, 0.0, None),  # flat
-    ([0.08] * 10 + [0.12] * 15, 0.0, None),  # not twice the start
-    ([0.0] * 10 + [0.09] * 15, 0.0, None),  # below the floor of 0.1
+W = 10
+
+
+@pytest.mark.parametrize("clipped, answered, share, fires_at", [
+    ([0.05] * 15 + [0.2] * 10, [0.0] * 25, -0.01, 19),  # the clipped ratio doubles above 0.1: warned once
+    ([0.05] * 15 + [0.2] * 10, [0.0] * 25, -0.1, None),  # ... while pushing back as GRPO does (share = GRPO's)
+    ([0.05] * 25, [0.0] * 15 + [0.03] * 10, -0.01, 21),  # right answers that kept writing (7 of 10 steps): warned
+    ([0.05] * 25, [0.0] * 15 + [0.015] * 10, -0.01, None),  # too few of them
+    ([0.08] * 10 + [0.12] * 15, [0.0] * 25, -0.01, None),  # not twice the start
+    ([0.0] * 10 + [0.09] * 15, [0.0] * 25, -0.01, None),  # below the floor of 0.1
 ])
-def test_drift_rule(clipped, push, fires_at):
-    watch = DriftWatch()
-    fired = [step for step, c in enumerate(clipped) if watch.observe(step, c, push, "x") is not None]
+def test_drift_rule(clipped, answered, share, fires_at):
+    watch = DriftWatch(window=W)
+    fired = [step for step, (c, a) in enumerate(zip(clipped, answered))
+             if watch.observe(step, c, a, share, -0.1, "x") is not None]
     assert fired == ([] if fires_at is None else [fires_at])
 
 
+def test_push_sums_the_window_before_dividing():
+    """One step where GRPO's share is tiny does not make the push explode: the window's sums are divided."""
+    watch = DriftWatch(window=2)
+    watch.observe(0, 0.1, 0.0, -0.05, -0.1, "x")
+    watch.observe(1, 0.1, 0.0, 0.02, -0.0001, "x")
+    assert watch.push() == pytest.approx(-0.03 / -0.1001)
+    watch.observe(2, 0.1, 0.0, 0.0, 0.0, "x")
+    watch.observe(3, 0.1, 0.0, 0.0, 0.0, "x")
+    assert math.isnan(watch.push())  # GRPO pushed none: no yardstick
+
+
 def test_trainer_logs_the_drift_signals(tiny_model_dir, tmp_path, caplog):
-    """GRPO's push is 1 by definition wherever it pushes; the warning names the settings to change. The reward
-    pays completions that end (shorter than the limit), so the truncated ones are wrong and GRPO pushes."""
+    """Under GRPO the method's share is GRPO's own; the warning names the settings to change. The reward pays
+    completions that end (shorter than the limit), so the truncated ones are wrong and GRPO pushes."""
     args = CAPOConfig(output_dir=str(tmp_path), **{**COMMON, "max_steps": 3}, advantage_estimator="grpo")
     trainer = CAPOTrainer(model=tiny_model_dir, reward_funcs=lambda completions, **kw: [
         float(len(c) < 8) for c in completions], args=args, train_dataset=tiny_dataset())
-    trainer._drift = DriftWatch(window=1, min_clipped=0.0, rise=0.0, max_push=2.0)  # a rule that fires at the second step
+    trainer._drift = DriftWatch(window=1, min_clipped=0.0, rise=0.0, max_push=2.0)  # fires at the 2nd step
     with caplog.at_level(logging.WARNING, logger="capo_trl.training.trainer"):
         trainer.train()
-    pushes = [h["capo/truncation_push"] for h in trainer.state.log_history if "capo/truncation_push" in h]
-    assert len(pushes) == 3 and all(p is None or p == pytest.approx(1.0) for p in pushes)
-    assert any(p is not None for p in pushes[:2])
-    assert all("capo/answered_truncated_frac" in h for h in trainer.state.log_history[:3])
-    hits = [r.getMessage() for r in caplog.records if "capo/truncation_push" in r.getMessage()]
-    assert len(hits) == 1 and "score_spread" not in hits[0] and "score_span='answer'" in hits[0]
+    logs = [h for h in trainer.state.log_history if "capo/truncated_adv_share" in h]
+    assert len(logs) == 3 and all("capo/answered_truncated_frac" in h for h in logs)
+    assert all(h["capo/truncated_adv_share"] == h["capo/truncated_adv_share_grpo"] for h in logs)
+    assert any(h["capo/truncated_adv_share_grpo"] < 0 for h in logs[:2])
+    hits = [r.getMessage() for r in caplog.records if "capo/truncated_adv_share" in r.getMessage()]
+    assert len(hits) == 1 and "score_span='answer'" in hits[0] and "truncated_pairs='tied'" in hits[0]

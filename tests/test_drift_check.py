@@ -1,5 +1,5 @@
 """The drift rule's clipped-ratio half, checked against the committed real-model CAPO runs, as docs/training.md
-reports it. Their logs (5-step means) predate ``capo/truncation_push``: every CAPO run here ranked truncated
+reports it. Their logs (5-step means) predate ``capo/truncated_adv_share``: every CAPO run here ranked truncated
 completions by their score (``truncated_pairs='ranked'``), whose weak push the start-model accounting measures,
 so the rule is fed a push of 0 and only its clipped-ratio half is tested."""
 
@@ -25,7 +25,8 @@ def drift_check() -> dict:
             watch, warned = DriftWatch(), None
             for log in train:  # each logged value stands for the 5 steps it averages
                 for step in range(log["step"] - 4, log["step"] + 1):
-                    if watch.observe(step, log["completions/clipped_ratio"], 0.0, "capo") and warned is None:
+                    # not logged then: right answers that kept writing (0), the push (0 of GRPO's -1)
+                    if watch.observe(step, log["completions/clipped_ratio"], 0.0, 0.0, -1.0, "capo") and warned is None:
                         warned = step
             stuck = next((x["step"] for x in train if x["completions/clipped_ratio"] >= 1.0), None)
             runs.append((stuck, warned))

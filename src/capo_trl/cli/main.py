@@ -15,6 +15,7 @@ from pathlib import Path
 from ..data import benchmarks as data
 from .common import TEMPLATES, TEMPLATE_HELP, add_data_args, at_least, check_device, load_problems, one_line, quiet
 from .experiments import add_calibrate_mask_parser, add_compare_parser, add_demo_parser
+from .study import add_study_parser
 
 
 # ------------------------------------------------------------------------------------ eval
@@ -212,7 +213,7 @@ def run_fetch_model(args) -> int:
 # ------------------------------------------------------------------------------------ dispatcher
 
 SUBCOMMANDS = [add_eval_parser, add_demo_parser, add_compare_parser, add_calibrate_mask_parser, add_train_parser,
-               add_fetch_model_parser]
+               add_fetch_model_parser, add_study_parser]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -187,9 +187,10 @@ def _looks(config: dict, runs: dict, plan: Plan, closed: bool) -> list[tuple[int
     return looks
 
 
-def analyse(folder: Path, plan: Plan) -> dict:
-    """The analysis the protocol fixes, at the look the committed files have reached."""
-    config, runs = load(folder, plan)
+def analyse(folder: Path, plan: Plan, loaded: tuple[dict, dict] | None = None) -> dict:
+    """The analysis the protocol fixes, at the look the committed files have reached (``loaded``: the config's
+    seeds and the runs, when a study file's records were read already; else the folder's ``config.json``)."""
+    config, runs = loaded if loaded is not None else load(folder, plan)
     undefined = _count_undefined(runs, plan)
     closed_file = folder / "closed.json"
     closed = json.loads(closed_file.read_text()) if closed_file.is_file() else None
@@ -229,8 +230,14 @@ def analyse(folder: Path, plan: Plan) -> dict:
                      "reason": ("efficacy" if holds and not final else "final look" if final else None)},
                primary={**primary, "holds": holds}, secondary=secondary, defined_only=sensitivity, confirmatory_secondaries=holds,
                safety=safety, collapse=collapse, means=means, mask=_mask_shares(runs, seeds),
-               start={k: json.loads((folder / "start.json").read_text()).get(k, math.nan) for k in keys})
+               start={k: _start(folder).get(k, math.nan) for k in keys})
     return out
+
+
+def _start(folder: Path) -> dict:
+    """The start model's test metrics (``start.json``), empty when the study has none."""
+    path = folder / "start.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def _mask_shares(runs: dict, seeds: list) -> dict:
@@ -240,7 +247,7 @@ def _mask_shares(runs: dict, seeds: list) -> dict:
     for arm, by_seed in runs.items():
         counts: dict = {}
         for s in seeds:
-            for k, v in by_seed[s]["mask"].items():
+            for k, v in by_seed[s].get("mask", {}).items():
                 counts[k] = counts.get(k, 0) + v
         if not any(k.endswith("/dropped") for k in counts):
             continue

@@ -40,24 +40,26 @@ def rollout_metrics(rewards: torch.Tensor, scores: torch.Tensor, advantages: tor
 
 def truncation_signals(batch, advantages: torch.Tensor, args, watch: DriftWatch, step: int,
                        training: bool) -> tuple[dict[str, float], list[str]]:
-    """The drift signals of one rollout (``capo/truncation_push``, ``capo/answered_truncated_frac``) and the
-    warnings due now: every completion truncated and masked out of the loss (once), the drift rule (once)."""
+    """The drift signals of one rollout and the warnings due now: every completion truncated and masked out of the
+    loss (once), the drift rule (once)."""
     truncated = batch.truncated
     if truncated is None:
         return {}, []
     rewards = batch.rewards
-    push = truncation_push(advantages, batch.trl_advantages, truncated, rewards)
+    share = truncated_share(advantages, truncated, rewards)
+    grpo = truncated_share(batch.trl_advantages.to(advantages.device, advantages.dtype), truncated, rewards)
     answered = (truncated.to(rewards.device) & (rewards >= args.correct_threshold)).float().mean().item()
     warnings = []
     if training:
         if args.mask_truncated_completions and bool(truncated.all()) and not watch.warned_all:
             watch.warned_all = True
             warnings.append(all_truncated_warning(step, truncated.numel(), args.max_completion_length))
-        drift = watch.observe(step, truncated.float().mean().item(), push,
+        drift = watch.observe(step, truncated.float().mean().item(), answered, share, grpo,
                               f"advantage_estimator={args.advantage_estimator!r}")
         if drift is not None:
             warnings.append(drift)
-    return {"capo/truncation_push": push, "capo/answered_truncated_frac": answered}, warnings
+    return {"capo/truncated_adv_share": share, "capo/truncated_adv_share_grpo": grpo,
+            "capo/answered_truncated_frac": answered}, warnings
 
 
 def all_truncated_warning(step: int, n: int, max_completion_length: int) -> str:
@@ -70,59 +72,65 @@ def all_truncated_warning(step: int, n: int, max_completion_length: int) -> str:
             "max_completion_length. Warned once per run.")
 
 
-def truncation_push(advantages: torch.Tensor, grpo_advantages: torch.Tensor, truncated: torch.Tensor,
-                    rewards: torch.Tensor) -> float:
-    """How hard the method pushes against completions cut at the limit, as a fraction of GRPO's push.
+def truncated_share(advantages: torch.Tensor, truncated: torch.Tensor, rewards: torch.Tensor) -> float:
+    """The net advantage on the completions cut at the limit, as a share of the batch's total |advantage| (0 when
+    nothing has an advantage), so a smaller step does not count as a weaker push.
 
-    Each side's push is the net advantage on the truncated completions as a share of its total |advantage| (so
-    a smaller step size does not count as a weaker push). Advantages of a group sum to zero, so the finished
-    completions of those groups carry the opposite: this is what moves a policy back towards answers that end,
-    also under ``mask_truncated_completions`` (which leaves the truncated rows themselves out of the loss).
-    1: GRPO's push; 0: none; < 0: truncated completions gain. NaN where GRPO puts no net negative weight there.
+    Advantages of a group sum to zero, so the finished completions of those groups carry the opposite: a negative
+    share is a push back towards answers that end, which ``mask_truncated_completions`` (leaving the truncated rows
+    themselves out of the loss) keeps. GRPO's share on the same batch is the yardstick (:class:`DriftWatch`).
     """
     valid = torch.isfinite(rewards) & torch.isfinite(advantages)
     cut = valid & truncated.to(valid.device)
-
-    def share(a: torch.Tensor) -> float:
-        total = a[valid].abs().sum().item()
-        return a[cut].sum().item() / total if total > 0 else float("nan")
-
-    grpo = share(grpo_advantages.to(advantages.device, advantages.dtype))
-    return share(advantages) / grpo if grpo < 0 else float("nan")
+    total = advantages[valid].abs().sum().item()
+    return advantages[cut].sum().item() / total if total > 0 else 0.0
 
 
 class DriftWatch:
     """Warns once when a run heads for completions that never end while its method barely pushes back.
 
-    The rule (checked against the committed real-model runs, docs/training.md): over the last ``window`` steps the
-    clipped ratio is at least ``min_clipped`` and at least ``rise`` times its mean over the run's first ``window`` steps,
-    and the mean :func:`truncation_push` over those steps is below ``max_push``. GRPO's push is 1 by definition,
-    so the rule names methods that do not push back as GRPO does.
+    The rule (checked against the committed real-model runs, docs/training.md), over the last ``window`` steps:
+
+    - the clipped ratio is at least ``min_clipped`` and ``rise`` times its mean over the run's first ``window``
+      steps, or the share of completions that gave a right answer and then ran to the limit is at least
+      ``min_answered``;
+    - and the method's push against truncated completions is below ``max_push`` of GRPO's: the sum of its
+      :func:`truncated_share` over those steps over the sum of GRPO's (GRPO's own is 1 by definition).
     """
 
-    def __init__(self, window: int = 10, min_clipped: float = 0.1, rise: float = 2.0, max_push: float = 0.5):
-        self.window, self.min_clipped, self.rise, self.max_push = window, min_clipped, rise, max_push
-        self.clipped: list[float] = []
-        self.push: list[float] = []
+    def __init__(self, window: int = 10, min_clipped: float = 0.1, rise: float = 2.0, min_answered: float = 0.02,
+                 max_push: float = 0.5):
+        self.window, self.min_clipped, self.rise = window, min_clipped, rise
+        self.min_answered, self.max_push = min_answered, max_push
+        self.seen: list[tuple[float, float, float, float]] = []  # (clipped, answered, share, grpo share) per step
         self.warned = False
         self.warned_all = False  # the all-truncated warning's own flag
 
-    def observe(self, step: int, clipped: float, push: float, settings: str) -> str | None:
+    def push(self) -> float:
+        """The method's push over the last ``window`` steps as a fraction of GRPO's (NaN: GRPO pushed none)."""
+        recent = self.seen[-self.window:]
+        grpo = sum(r[3] for r in recent)
+        return sum(r[2] for r in recent) / grpo if grpo < 0 else float("nan")
+
+    def observe(self, step: int, clipped: float, answered: float, share: float, grpo: float,
+                settings: str) -> str | None:
         """Record one training rollout; the warning's text the first time the rule holds, else None."""
-        self.clipped.append(clipped)
-        self.push.append(push)
+        self.seen.append((clipped, answered, share, grpo))
         w = self.window
-        if self.warned or len(self.clipped) < 2 * w:
+        if self.warned or len(self.seen) < 2 * w:
             return None
-        start, recent = float(np.mean(self.clipped[:w])), float(np.mean(self.clipped[-w:]))
-        pushes = [p for p in self.push[-w:] if not np.isnan(p)]
-        weak = float(np.mean(pushes)) if pushes else float("nan")
-        if not (recent >= max(self.min_clipped, self.rise * start) and weak < self.max_push):
+        start = float(np.mean([r[0] for r in self.seen[:w]]))
+        recent, kept_writing = (float(np.mean([r[i] for r in self.seen[-w:]])) for i in (0, 1))
+        heading = recent >= max(self.min_clipped, self.rise * start) or kept_writing >= self.min_answered
+        push = self.push()
+        if not (heading and push < self.max_push):
             return None
         self.warned = True
-        return (f"global_step {step}: completions/clipped_ratio rose from {start:.2f} (first {w} steps) to "
-                f"{recent:.2f} (last {w}), while {settings} pushes against truncated completions {weak:.2f} as hard "
-                "as GRPO would (capo/truncation_push). On SmolLM2-135M-Instruct, CAPO runs in this state went on to "
-                "answers that all run to max_completion_length, and then trained no more (docs/training.md, "
-                "'Drift into answers that never end'). Settings that restore the push: score_span='answer' (score "
-                "the answer's own tokens) or truncated_pairs='tied'; or lower learning_rate. Warned once per run.")
+        return (f"global_step {step}: over the last {w} steps {recent:.2f} of the completions ran to "
+                f"max_completion_length (completions/clipped_ratio; {start:.2f} over the first {w}) and {kept_writing:.2f} "
+                f"gave a right answer and then kept writing to it (capo/answered_truncated_frac), while {settings} "
+                f"pushed against truncated completions {push:.2f} as hard as GRPO would (capo/truncated_adv_share over "
+                "capo/truncated_adv_share_grpo). On SmolLM2-135M-Instruct, CAPO runs in this state went on to answers "
+                "that all run to the limit, and then trained no more (docs/training.md, 'Drift into answers that never "
+                "end'). Settings that restore the push: score_span='answer' (score the answer's own tokens) or "
+                "truncated_pairs='tied'; or lower learning_rate. Warned once per run.")

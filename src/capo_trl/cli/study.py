@@ -1,0 +1,111 @@
+"""``capo-trl study``: a pre-registered comparison's life, from its file (``docs/studies.md``).
+
+    capo-trl study plan FOLDER --sd 0.05        # seeds from a power calculation
+    capo-trl study start FOLDER                 # freeze: write the commit into study.yaml (clean tree only)
+    capo-trl study run FOLDER ARM SEED          # one run: train (resumes), test, keep its record
+    capo-trl study queue FOLDER --slots 2       # every missing run, seed-major, N at a time
+    capo-trl study status FOLDER                # what has finished
+    capo-trl study report FOLDER                # the analysis, at its look (nothing before)
+    capo-trl study close FOLDER                 # at the deadline: the analysis takes the seeds complete now
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .common import one_line
+
+VERBS = ("plan", "start", "run", "queue", "status", "report", "close")
+
+
+def add_study_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "study", help="run a pre-registered comparison from its study.yaml: plan, start, run, queue, status, "
+                      "report, close", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True, help="what to do with the study")
+    helps = {"plan": "seeds from a power calculation (a pilot's SD of the paired differences)",
+             "start": "freeze the study at the current commit (refuses uncommitted changes)",
+             "run": "one run of one arm and seed: train (resuming), test, keep the record",
+             "queue": "every missing run, seed-major, --slots at a time (one thread each)",
+             "status": "what has finished", "report": "the analysis the file fixes, at its look",
+             "close": "at the deadline: end the study with the seeds complete now"}
+    for verb in VERBS:
+        v = verbs.add_parser(verb, help=helps[verb], description=helps[verb], allow_abbrev=False)
+        v.add_argument("folder", type=Path, help="the study's folder (holds study.yaml)")
+        if verb == "run":
+            v.add_argument("arm", help="an arm of study.yaml that this study runs")
+            v.add_argument("seed", type=int, help="one of study.yaml's seeds")
+        if verb in ("run", "queue"):
+            v.add_argument("--runs", type=Path, default=Path("runs"), help="where runs' folders go (default runs/)")
+            v.add_argument("--into", type=Path, default=None,
+                           help="where records are written (default: the study's folder)")
+        if verb == "queue":
+            v.add_argument("--slots", type=int, default=2, help="runs at a time, one thread each (default 2)")
+            v.add_argument("--on_record", default=None,
+                           help="a shell command run after each record is written, given its path as $STUDY_RECORD")
+        if verb in ("status", "report"):
+            v.add_argument("--into", type=Path, default=None, help="where the records are (default: the folder)")
+        if verb == "plan":
+            v.add_argument("--sd", type=float, required=True, help="SD of the paired differences (from a pilot)")
+            v.add_argument("--effect", type=float, required=True, help="the true difference to detect")
+            v.add_argument("--power", type=float, default=0.8, help="the power wanted (default 0.8)")
+            v.add_argument("--alpha", type=float, default=0.05, help="two-sided alpha of the test (default 0.05)")
+            v.add_argument("--min_seeds", type=int, default=12, help="never fewer seeds (default 12)")
+            v.add_argument("--max_seeds", type=int, default=48, help="never more seeds (default 48)")
+    p.set_defaults(func=run_study)
+
+
+@one_line
+def run_study(args) -> int:
+    from ..errors import UsageError
+    from ..harness import study, study_report, study_run
+
+    if args.verb == "plan":
+        return _plan(args)
+    if args.verb == "start":
+        print(f"frozen at {study.start(args.folder)}; commit study.yaml now")
+        return 0
+    spec = study.load_study(args.folder)
+    if args.verb == "run":
+        print(f"wrote {study_run.run_one(spec, args.arm, args.seed, args.runs, args.into)}")
+    elif args.verb == "queue":
+        if args.slots < 1:
+            raise UsageError(f"--slots {args.slots}: run at least 1 at a time.")
+        result = study_run.queue(spec, args.runs, args.slots, args.into, args.on_record,
+                                 log=lambda text: print(text, flush=True))
+        print(f"finished {len(result['finished'])}, failed {len(result['failed'])}")
+        return 1 if result["failed"] else 0
+    elif args.verb == "status":
+        print(study_report.status(spec, args.into))
+    elif args.verb == "report":
+        print(study_report.report(spec, args.into), end="")
+    else:
+        from ..harness.confirmatory import close
+
+        try:
+            print(close(spec.folder, spec.plan))
+        except ValueError as err:
+            raise UsageError(str(err)) from err
+    return 0
+
+
+def _plan(args) -> int:
+    from ..errors import UsageError
+    from ..harness.paired import t_power
+
+    for name in ("sd", "effect"):
+        if not getattr(args, name) > 0:
+            raise UsageError(f"--{name} {getattr(args, name)}: it must be > 0.")
+    if not 0 < args.power < 1 or not 0 < args.alpha < 1 or not 2 <= args.min_seeds <= args.max_seeds:
+        raise UsageError("--power and --alpha must be in (0, 1), and 2 <= --min_seeds <= --max_seeds.")
+    table = {n: t_power(args.effect, args.sd, n, args.alpha) for n in range(args.min_seeds, args.max_seeds + 1)}
+    seeds = next((n for n, p in table.items() if p >= args.power), None)
+    if seeds is None:
+        print(f"no number of seeds up to {args.max_seeds} reaches power {args.power} (at {args.max_seeds}: "
+              f"{table[args.max_seeds]:.2f}); raise --max_seeds or --effect")
+        return 1
+    print(f"{seeds} seeds: power {table[seeds]:.2f} for a true difference {args.effect} with SD {args.sd} of the "
+          f"paired differences (paired t, two-sided alpha {args.alpha}); with twice that SD: "
+          f"{t_power(args.effect, 2 * args.sd, seeds, args.alpha):.2f}")
+    return 0

@@ -1,0 +1,190 @@
+"""Running a study: one run (train, resuming from its last checkpoint; test; keep its record) and the queue.
+
+A run trains with ``capo-trl train`` (the arm's recipe and overrides, the study's task, steps, seed and model) and
+tests the trained model with ``capo-trl eval`` (the study's test settings), each in its own process and each done
+once: a run killed at any point resumes from its last checkpoint, and a finished one is never redone. Its record,
+``<arm>/seed<k>.json``, holds the test endpoints (per item kind where the task has guessable items), the kept keys
+of the training log, wall times and the commit it ran under; it is written whole, last.
+
+The queue runs every (arm, seed) the study still lacks, seed-major (every arm of a seed before the next seed), in
+``slots`` processes of one thread each, each with the study's deadline per run; a record that exists is skipped,
+so a queue restarted on a new machine redoes only unfinished runs (from their checkpoints where the runs folder
+survived, else from scratch).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from ..errors import UsageError
+from .driver import write_json
+from .study import Study, code_commit, repo_root
+
+ENDPOINT_KEYS = ("auroc", "auroc_question", "ece", "e_aurc")
+
+
+def record_of(report: dict, samples_csv: Path, task: str, n: int) -> dict:
+    """What a study keeps of one test evaluation: the endpoints, length and format, per item kind."""
+    from ..data.guessing import guess_breakdown
+    from ..data.tasks import get_task
+
+    m = report["metrics"]
+    out = {"accuracy": m[f"mean@{n}"], "accuracy_ci": [m[f"mean@{n}_ci_low"], m[f"mean@{n}_ci_high"]],
+           **{k: m[k] for k in ENDPOINT_KEYS}, "auroc_question_n": m["auroc_question_n"],
+           "mean_tokens": m["mean_tokens"], "finished_frac": m["finished_frac"], "answered_frac": m["answered_frac"]}
+    with open(samples_csv, newline="") as f:
+        rows = list(csv.DictReader(f))
+    problems = get_task(task).dataset("test", m["n_problems"])
+    if "guessable" not in problems.column_names:  # a task without guessable items has no per-kind endpoints
+        return out
+    samples = [{"grade": None if r["grade"] == "" else float(r["grade"]), "score": float(r["score"]),
+                "extracted": r["extracted"] or None} for r in rows]
+    kinds = guess_breakdown(samples, problems, n)
+    return {**out, **{k: v for k, v in kinds.items() if not (isinstance(v, float) and math.isnan(v))}}
+
+
+def _train_command(study: Study, arm: str, seed: int, run: Path) -> list[str]:
+    spec = study.arms[arm]
+    args = [sys.executable, "-m", "capo_trl.cli", "train", "--config", spec.recipe, "--dataset_name", study.task,
+            "--seed", str(seed), "--max_steps", str(study.steps), "--output_dir", str(run)]
+    if study.model:
+        args += ["--model_name_or_path", study.model]
+    args += spec.flags()
+    if any(run.glob("checkpoint-*")):
+        args += ["--resume_from_checkpoint", "last"]
+    return args
+
+
+def _test_command(study: Study, run: Path) -> list[str]:
+    t = study.test
+    return [sys.executable, "-m", "capo_trl.cli", "eval", "--model", str(run), "--benchmark", study.task, "--split",
+            t.split, "--limit", str(t.problems), "--n", str(t.samples), "--max_new_tokens", str(t.max_new_tokens),
+            "--batch_size", str(t.batch_size), "--seed", str(t.seed), "--device", "cpu", "--no_progress",
+            "--out", str(run / "test"), "--overwrite"]
+
+
+def _step(args: list[str], log: Path, cwd: Path, deadline: float) -> None:
+    """One process of a run, its output appended to ``log``; an error naming the log when it fails or overruns."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise UsageError(f"the run's deadline passed before {shlex.join(args[2:5])}; see {log}.")
+    with open(log, "a") as out:
+        out.write(f"$ {shlex.join(args)}\n")
+        out.flush()
+        try:
+            done = subprocess.run(args, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, timeout=left)
+        except subprocess.TimeoutExpired as err:
+            raise UsageError(f"{shlex.join(args[2:5])} ran past the run's deadline; see {log} (resume: run it again, "
+                             "it continues from its last checkpoint).") from err
+    if done.returncode != 0:
+        raise UsageError(f"{shlex.join(args[2:5])} failed (exit {done.returncode}); see {log}.")
+
+
+def check_commit(study: Study) -> str | None:
+    """The commit this code runs under; refused when the study is frozen at another one and its file allows none."""
+    commit = code_commit()
+    if study.frozen_commit and commit != study.frozen_commit and not study.other_commits:
+        raise UsageError(f"{study.folder}/study.yaml is frozen at {study.frozen_commit}, but this capo_trl is "
+                         f"{commit or 'not a clean git checkout'}; run it from a worktree of the frozen commit "
+                         f"(git worktree add --detach ../frozen {study.frozen_commit}; PYTHONPATH=../frozen/src), or "
+                         "say in study.yaml's other_commits why another commit may run it.")
+    return commit
+
+
+def run_one(study: Study, arm: str, seed: int, runs: Path, into: Path | None = None) -> Path:
+    """Train (resuming), test and keep one run's record; returns the record's path. Done steps are not redone."""
+    if arm not in study.arms or arm in study.reuse:
+        raise UsageError(f"arm {arm!r}: this study runs {study.own_arms()}.")
+    if seed not in study.seeds:
+        raise UsageError(f"seed {seed}: this study's seeds are {study.seeds}.")
+    path = study.record_path(arm, seed, into)
+    if path.is_file():
+        return path
+    commit = check_commit(study)
+    root = repo_root(study.folder)
+    run = (runs / study.name / arm / f"seed{seed}").resolve()
+    run.mkdir(parents=True, exist_ok=True)
+    log, deadline = run.parent / f"seed{seed}.log", time.monotonic() + study.run_hours * 3600
+    times = json.loads((run / "times.json").read_text()) if (run / "times.json").is_file() else {}
+    if not (run / "train.done").is_file():
+        t0 = time.time()
+        _step(_train_command(study, arm, seed, run), log, root, deadline)
+        times.setdefault("train_s", []).append(round(time.time() - t0))
+        (run / "train.done").write_text("")
+        write_json(run / "times.json", times)
+    if not (run / "test" / "report.json").is_file():
+        t0 = time.time()
+        _step(_test_command(study, run), log, root, deadline)
+        times["test_s"] = round(time.time() - t0)
+        write_json(run / "times.json", times)
+    checkpoint = max(run.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    logged = [{"step": r["step"], **{k: r[k] for k in study.train_log if k in r}}
+              for r in state["log_history"] if "reward" in r]
+    spec = study.arms[arm]
+    record = {"arm": arm, "task": study.task, "seed": seed, "global_step": state["global_step"],
+              "recipe": spec.recipe, "flags": spec.flags(), "commit": commit,
+              **record_of(json.loads((run / "test" / "report.json").read_text()), run / "test" / "samples.csv",
+                          study.task, study.test.samples),
+              "train": logged, **times}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, record)
+    return path
+
+
+def pending(study: Study, into: Path | None = None) -> list[tuple[str, int]]:
+    """The runs still to do, seed-major, arms in the file's order."""
+    return [(arm, seed) for seed in study.seeds for arm in study.own_arms()
+            if not study.record_path(arm, seed, into).is_file()]
+
+
+def queue(study: Study, runs: Path, slots: int = 2, into: Path | None = None, on_record: str | None = None,
+          log=print) -> dict:
+    """Run every pending (arm, seed) in ``slots`` worker processes of one thread each; ``on_record`` (a shell
+    command, given the record's path as ``$STUDY_RECORD``) runs after each record is written. Returns what
+    finished and what failed (a failed run is not retried in this call: its log says why)."""
+    check_commit(study)
+    todo, lock = pending(study, into), threading.Lock()
+    done, failed = [], []
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+           "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}
+    log(f"{study.name}: {len(todo)} runs to do, {slots} at a time")
+
+    def worker():
+        while True:
+            with lock:
+                if not todo:
+                    return
+                arm, seed = todo.pop(0)
+            args = [sys.executable, "-m", "capo_trl.cli", "study", "run", str(study.folder), arm, str(seed),
+                    "--runs", str(runs)] + (["--into", str(into)] if into else [])
+            log(f"start {arm} seed {seed}")
+            try:
+                ended = subprocess.run(args, env=env, capture_output=True, text=True,
+                                       timeout=study.run_hours * 3600 + 600)
+                ok, why = ended.returncode == 0, (ended.stderr.strip().splitlines() or [""])[-1]
+            except subprocess.TimeoutExpired:
+                ok, why = False, f"ran past {study.run_hours} h"
+            with lock:
+                (done if ok else failed).append((arm, seed))
+            log(f"{'finished' if ok else 'FAILED'} {arm} seed {seed}" + ("" if ok else f": {why}"))
+            if ok and on_record:
+                hook = subprocess.run(on_record, shell=True, timeout=600, capture_output=True, text=True,
+                                      env={**env, "STUDY_RECORD": str(study.record_path(arm, seed, into))})
+                log(f"on_record {arm} seed {seed}: exit {hook.returncode}")
+
+    threads = [threading.Thread(target=worker) for _ in range(max(1, slots))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {"finished": done, "failed": failed}
