@@ -78,6 +78,30 @@ def test_a_pilot_picks_by_its_rule(tmp_path):
     assert screen(study, runs)["arms"]["capo"]["drifted_runs"] == 1 and screen(study, runs)["pick"] is None
 
 
+def test_a_frozen_study_runs_only_its_frozen_code(tmp_path, monkeypatch):
+    """Frozen at a commit, a study runs under any commit with the same src/ tree (the one that writes the frozen
+    line changes only study.yaml), refuses another tree unless its file says why, and never mixes them in a report."""
+    from capo_trl.harness import study_report, study_run
+
+    study = load_study(project(tmp_path, frozen_commit="abc123"))
+    monkeypatch.setattr(study_run, "frozen_tree", lambda commit: {"abc123": "tree-1"}.get(commit))
+    monkeypatch.setattr(study_run, "code_version", lambda: ("def456", "tree-1"))
+    assert study_run.check_commit(study) == ("def456", "tree-1")
+    monkeypatch.setattr(study_run, "code_version", lambda: ("def456", "tree-2"))
+    with pytest.raises(UsageError, match="frozen at abc123.*src/ differs.*git worktree add --detach"):
+        study_run.check_commit(study)
+    monkeypatch.setattr(study_run, "code_version", lambda: (None, None))
+    with pytest.raises(UsageError, match="not a clean git checkout"):
+        study_run.check_commit(study)
+    lenient = load_study(project(tmp_path, frozen_commit="abc123", other_commits="a bug fix outside training"))
+    assert study_run.check_commit(lenient) == (None, None)
+    base = {"auroc": 0.6, "accuracy": 0.5, "mean_tokens": 10, "train": []}
+    runs = {"grpo": {0: {**base, "src_tree": "tree-1"}}, "capo": {0: {**base, "src_tree": "tree-2"}}}
+    monkeypatch.setattr(study_report, "records", lambda study, into=None: runs)
+    with pytest.raises(UsageError, match="several versions of src/"):
+        study_report.report(study)
+
+
 def _queue(folder: Path, runs: Path) -> subprocess.Popen:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     return subprocess.Popen([sys.executable, "-m", "capo_trl.cli", "study", "queue", str(folder), "--slots", "2",
@@ -85,6 +109,7 @@ def _queue(folder: Path, runs: Path) -> subprocess.Popen:
                             text=True, start_new_session=True)
 
 
+@pytest.mark.timeout(900)  # four training runs in their own processes, twice started: minutes on a loaded CPU
 def test_a_study_runs_from_its_file_resumes_after_a_kill_and_reports(tmp_path, capsys):
     folder, runs = project(tmp_path), tmp_path / "runs"
     first = _queue(folder, runs)

@@ -299,37 +299,44 @@ def _plan(data: dict, folder: Path, arms: dict, tokens: float, finished: float, 
                 collapse_tokens=tokens, min_finished=finished, undefined_auroc=undefined, **extra)
 
 
-def code_commit() -> str | None:
-    """The commit of the capo_trl being run (its source checkout's HEAD), None when it is not a clean git checkout."""
-    root = Path(__file__).resolve().parents[3]
+def _git(root: Path, *args: str) -> str | None:
     try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=30)
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "src"], capture_output=True,
-                               text=True, timeout=30)
+        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    if head.returncode != 0 or dirty.returncode != 0 or dirty.stdout.strip():
-        return None
-    return head.stdout.strip()
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+CODE = Path(__file__).resolve().parents[3]  # the checkout this capo_trl is imported from (when it is one)
+
+
+def code_version() -> tuple[str | None, str | None]:
+    """The commit of the capo_trl being run and the tree of its ``src/`` (None, None when it is not a git checkout
+    or its ``src/`` has uncommitted changes). Two commits with the same ``src/`` run the same code."""
+    if _git(CODE, "status", "--porcelain", "--", "src") != "":
+        return None, None
+    return _git(CODE, "rev-parse", "HEAD"), _git(CODE, "rev-parse", "HEAD:src")
+
+
+def frozen_tree(commit: str) -> str | None:
+    """The ``src/`` tree of a study's frozen commit, looked up in the running code's repository."""
+    return _git(CODE, "rev-parse", f"{commit}:src")
 
 
 def start(folder: str | Path) -> str:
     """Freeze a study: refuse a dirty tree, write its commit into ``frozen_commit`` (the team then commits that)."""
     study = load_study(folder)
     root = repo_root(study.folder)
-    status = subprocess.run(["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True,
-                            timeout=30)
-    if status.returncode != 0:
+    status = _git(root, "status", "--porcelain")
+    if status is None:
         raise UsageError(f"{root} is not a git checkout; a study freezes the commit its runs use.")
-    if status.stdout.strip():
+    if status:
         raise UsageError(f"the tree at {root} has uncommitted changes; commit the protocol and study.yaml first, so "
-                         "the frozen commit holds them:\n" + status.stdout.strip()[:500])
+                         "the frozen commit holds them:\n" + status[:500])
     if study.frozen_commit:
         raise UsageError(f"{_where(study.folder, 'frozen_commit')} is already {study.frozen_commit}; a study is "
                          "started once.")
-    commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                            timeout=30).stdout.strip()
+    commit = _git(root, "rev-parse", "HEAD")
     path = study.folder / FILE
     text = path.read_text()
     lines = [f"frozen_commit: {commit}" if line.startswith("frozen_commit:") else line for line in text.splitlines()]

@@ -40,9 +40,10 @@ def records(study: Study, into=None) -> dict:
 
 
 def mixed_commits(study: Study, runs: dict) -> list[str]:
-    """The commits the study's own records ran under, when there is more than one and its file allows none."""
-    commits = sorted({str(r.get("commit")) for arm in study.own_arms() for r in runs[arm].values()})
-    return commits if len(commits) > 1 and not study.other_commits else []
+    """The code the study's own records ran under (the ``src/`` tree of their commits), when there is more than one
+    and its file allows none."""
+    trees = sorted({str(r.get("src_tree")) for arm in study.own_arms() for r in runs[arm].values()})
+    return trees if len(trees) > 1 and not study.other_commits else []
 
 
 def status(study: Study, into=None) -> str:
@@ -99,7 +100,7 @@ def report(study: Study, into=None) -> str:
     """The study's report as markdown: progress only before its look; then what the file's analysis fixes."""
     runs = records(study, into)
     if mixed := mixed_commits(study, runs):
-        raise UsageError(f"{study.name}: its records ran under several commits {mixed}; a study does not mix them "
+        raise UsageError(f"{study.name}: its records ran under several versions of src/ {mixed}; a study does not mix them "
                          "(rerun the odd ones at the frozen commit, or say in study.yaml's other_commits why they "
                          "may be mixed).")
     if study.kind == "confirmatory":

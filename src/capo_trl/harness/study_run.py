@@ -1,8 +1,8 @@
 """Running a study: one run (train, resuming from its last checkpoint; test; keep its record) and the queue.
 
 A run trains with ``capo-trl train`` (the arm's recipe and overrides, the study's task, steps, seed and model) and
-tests the trained model with ``capo-trl eval`` (the study's test settings), each in its own process and each done
-once: a run killed at any point resumes from its last checkpoint, and a finished one is never redone. Its record,
+tests the trained model with ``capo-trl eval`` (the study's test settings), both in the run's own process and each
+done once: a run killed at any point resumes from its last checkpoint, and a finished one is never redone. Its record,
 ``<arm>/seed<k>.json``, holds the test endpoints (per item kind where the task has guessable items), the kept keys
 of the training log, wall times and the commit it ran under; it is written whole, last.
 
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from .driver import write_json
-from .study import Study, code_commit, repo_root
+from .study import Study, code_version, frozen_tree, repo_root
 
 ENDPOINT_KEYS = ("auroc", "auroc_question", "ece", "e_aurc")
 
@@ -52,52 +52,68 @@ def record_of(report: dict, samples_csv: Path, task: str, n: int) -> dict:
     return {**out, **{k: v for k, v in kinds.items() if not (isinstance(v, float) and math.isnan(v))}}
 
 
-def _train_command(study: Study, arm: str, seed: int, run: Path) -> list[str]:
+def _train_args(study: Study, arm: str, seed: int, run: Path) -> list[str]:
     spec = study.arms[arm]
-    args = [sys.executable, "-m", "capo_trl.cli", "train", "--config", spec.recipe, "--dataset_name", study.task,
-            "--seed", str(seed), "--max_steps", str(study.steps), "--output_dir", str(run)]
+    args = ["train", "--config", spec.recipe, "--dataset_name", study.task, "--seed", str(seed), "--max_steps",
+            str(study.steps), "--output_dir", str(run)]
     if study.model:
         args += ["--model_name_or_path", study.model]
     args += spec.flags()
-    if any(run.glob("checkpoint-*")):
+    from ..training.resume import newest_complete
+
+    if newest_complete(str(run))[0] is not None:
         args += ["--resume_from_checkpoint", "last"]
+    elif any(run.iterdir()):  # killed before a whole checkpoint: start afresh, clearing what it left
+        args += ["--overwrite_output_dir", "true"]
     return args
 
 
-def _test_command(study: Study, run: Path) -> list[str]:
+def _test_args(study: Study, run: Path) -> list[str]:
     t = study.test
-    return [sys.executable, "-m", "capo_trl.cli", "eval", "--model", str(run), "--benchmark", study.task, "--split",
-            t.split, "--limit", str(t.problems), "--n", str(t.samples), "--max_new_tokens", str(t.max_new_tokens),
-            "--batch_size", str(t.batch_size), "--seed", str(t.seed), "--device", "cpu", "--no_progress",
-            "--out", str(run / "test"), "--overwrite"]
+    return ["eval", "--model", str(run), "--benchmark", study.task, "--split", t.split, "--limit", str(t.problems),
+            "--n", str(t.samples), "--max_new_tokens", str(t.max_new_tokens), "--batch_size", str(t.batch_size),
+            "--seed", str(t.seed), "--device", "cpu", "--no_progress", "--out", str(run / "test"), "--overwrite"]
 
 
-def _step(args: list[str], log: Path, cwd: Path, deadline: float) -> None:
-    """One process of a run, its output appended to ``log``; an error naming the log when it fails or overruns."""
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise UsageError(f"the run's deadline passed before {shlex.join(args[2:5])}; see {log}.")
+def _step(args: list[str], log: Path) -> None:
+    """One ``capo-trl`` command of a run, in this process (one import of TRL for training and test), its output
+    appended to ``log``; an error naming the log when it fails. The queue's deadline bounds the whole run."""
+    from ..cli.main import main
+
     with open(log, "a") as out:
-        out.write(f"$ {shlex.join(args)}\n")
+        out.write(f"$ capo-trl {shlex.join(args)}\n")
         out.flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved = os.dup(1), os.dup(2)
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
         try:
-            done = subprocess.run(args, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, timeout=left)
-        except subprocess.TimeoutExpired as err:
-            raise UsageError(f"{shlex.join(args[2:5])} ran past the run's deadline; see {log} (resume: run it again, "
-                             "it continues from its last checkpoint).") from err
-    if done.returncode != 0:
-        raise UsageError(f"{shlex.join(args[2:5])} failed (exit {done.returncode}); see {log}.")
+            code = main(args)
+        except SystemExit as err:
+            code = err.code
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+    if code:
+        raise UsageError(f"capo-trl {args[0]} failed (exit {code}); see {log}.")
 
 
-def check_commit(study: Study) -> str | None:
-    """The commit this code runs under; refused when the study is frozen at another one and its file allows none."""
-    commit = code_commit()
-    if study.frozen_commit and commit != study.frozen_commit and not study.other_commits:
+def check_commit(study: Study) -> tuple[str | None, str | None]:
+    """The commit and ``src/`` tree this code runs under; refused when the study is frozen at a commit with another
+    ``src/`` (a commit that only adds the frozen line to study.yaml runs the same code) and its file allows none."""
+    commit, tree = code_version()
+    if study.frozen_commit and not study.other_commits and (tree is None or tree != frozen_tree(study.frozen_commit)):
         raise UsageError(f"{study.folder}/study.yaml is frozen at {study.frozen_commit}, but this capo_trl is "
-                         f"{commit or 'not a clean git checkout'}; run it from a worktree of the frozen commit "
-                         f"(git worktree add --detach ../frozen {study.frozen_commit}; PYTHONPATH=../frozen/src), or "
-                         "say in study.yaml's other_commits why another commit may run it.")
-    return commit
+                         f"{'not a clean git checkout' if tree is None else f'commit {commit}, whose src/ differs'}; "
+                         f"run it from a worktree of the frozen commit (git worktree add --detach ../frozen "
+                         f"{study.frozen_commit}; PYTHONPATH=../frozen/src), or say in study.yaml's other_commits why "
+                         "another commit may run it.")
+    return commit, tree
 
 
 def run_one(study: Study, arm: str, seed: int, runs: Path, into: Path | None = None) -> Path:
@@ -109,36 +125,47 @@ def run_one(study: Study, arm: str, seed: int, runs: Path, into: Path | None = N
     path = study.record_path(arm, seed, into)
     if path.is_file():
         return path
-    commit = check_commit(study)
+    commit, tree = check_commit(study)
     root = repo_root(study.folder)
     run = (runs / study.name / arm / f"seed{seed}").resolve()
     run.mkdir(parents=True, exist_ok=True)
-    log, deadline = run.parent / f"seed{seed}.log", time.monotonic() + study.run_hours * 3600
+    log = run.parent / f"seed{seed}.log"
     times = json.loads((run / "times.json").read_text()) if (run / "times.json").is_file() else {}
-    if not (run / "train.done").is_file():
-        t0 = time.time()
-        _step(_train_command(study, arm, seed, run), log, root, deadline)
-        times.setdefault("train_s", []).append(round(time.time() - t0))
-        (run / "train.done").write_text("")
-        write_json(run / "times.json", times)
-    if not (run / "test" / "report.json").is_file():
-        t0 = time.time()
-        _step(_test_command(study, run), log, root, deadline)
-        times["test_s"] = round(time.time() - t0)
-        write_json(run / "times.json", times)
+    here = Path.cwd()
+    os.chdir(root)  # the recipes' paths are the repository's
+    try:
+        _train_and_test(study, arm, seed, run, log, times)
+    finally:
+        os.chdir(here)
     checkpoint = max(run.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+
     state = json.loads((checkpoint / "trainer_state.json").read_text())
     logged = [{"step": r["step"], **{k: r[k] for k in study.train_log if k in r}}
               for r in state["log_history"] if "reward" in r]
     spec = study.arms[arm]
     record = {"arm": arm, "task": study.task, "seed": seed, "global_step": state["global_step"],
-              "recipe": spec.recipe, "flags": spec.flags(), "commit": commit,
+              "recipe": spec.recipe, "flags": spec.flags(), "commit": commit, "src_tree": tree,
               **record_of(json.loads((run / "test" / "report.json").read_text()), run / "test" / "samples.csv",
                           study.task, study.test.samples),
               "train": logged, **times}
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, record)
     return path
+
+
+def _train_and_test(study: Study, arm: str, seed: int, run: Path, log: Path, times: dict) -> None:
+    """Train (resuming from the last checkpoint), then test, each once: a step that finished is not redone."""
+    if not (run / "train.done").is_file():
+        t0 = time.time()
+        _step(_train_args(study, arm, seed, run), log)
+        times.setdefault("train_s", []).append(round(time.time() - t0))
+        (run / "train.done").write_text("")
+        write_json(run / "times.json", times)
+    if not (run / "test" / "report.json").is_file():
+        t0 = time.time()
+        _step(_test_args(study, run), log)
+        times["test_s"] = round(time.time() - t0)
+        write_json(run / "times.json", times)
 
 
 def pending(study: Study, into: Path | None = None) -> list[tuple[str, int]]:

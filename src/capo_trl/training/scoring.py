@@ -80,19 +80,24 @@ class ReferenceScoring:
             )
         return logps
 
-    def _rollout_scores(self, out, loss_mask, record, inputs) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """s_i under the policy that sampled: TRL's old log-probs, else the recorded ones, else a forward; and,
-        when the method asks for it, the same average over each final answer's own tokens (NaN: no answer).
+    def _rollout_scores(self, out, loss_mask, record) -> torch.Tensor:
+        """s_i under the policy that sampled: TRL's old log-probs, else the recorded ones, else a forward.
 
         s averages every generated token (tool output excluded), also those of a completion that
         ``mask_truncated_completions`` leaves out of the loss: a truncated answer still takes part in
-        CAPO's comparisons, as its reward does in GRPO's group baseline.
+        CAPO's comparisons, as its reward does in GRPO's group baseline. The token log-probs stay on ``record``
+        for :meth:`_answer_scores`.
         """
-        per_token, score_mask = self._rollout_token_logps(out, loss_mask, record)
-        scores = mean_token_logprob(per_token, score_mask)
+        record.token_logps = self._rollout_token_logps(out, loss_mask, record)
+        return mean_token_logprob(*record.token_logps)
+
+    def _answer_scores(self, out, record, inputs) -> torch.Tensor | None:
+        """The same average over each final answer's own tokens (NaN: no answer), where the reward function that
+        reports spans reads it; None when the method does not ask for it."""
         if self._answer_spans is None:
-            return scores, None
+            return None
         spans_of, name = self._answer_spans
+        per_token, score_mask = record.token_logps
 
         def decode(ids):  # as TRL decodes the completions the reward functions see
             return self._tokenizer.decode(ids, skip_special_tokens=True)
@@ -104,7 +109,7 @@ class ReferenceScoring:
         spans = checked_spans(spans_of(completions=texts, prompts=[row["prompt"] for row in inputs], **columns),
                               texts, name)
         answer = answer_token_mask(ids, lengths, spans, decode)
-        return scores, mean_token_logprob(per_token, score_mask * answer.to(score_mask.dtype))
+        return mean_token_logprob(per_token, score_mask * answer.to(score_mask.dtype))
 
     def _rollout_token_logps(self, out, loss_mask, record) -> tuple[torch.Tensor, torch.Tensor]:
         """``(B, T)`` token log-probs of the rollout under the policy that sampled it, and the mask s averages."""

@@ -92,6 +92,7 @@ class StepRecord:
     scores: torch.Tensor | None = None  # (N_global,) mean token log-prob under the rollout policy
     ref_ppl: torch.Tensor | None = None  # (N_global,) reference perplexity, when the mask is on
     keep: torch.Tensor | None = None  # (N_global,) the mask's verdict, None when it is off
+    token_logps: tuple | None = None  # this process's (B, T) rollout token log-probs and the mask s averages
 
 
 class CAPOTrainer(CheckpointedState, MethodLosses, ReferenceScoring, GRPOTrainer):
@@ -262,8 +263,8 @@ class CAPOTrainer(CheckpointedState, MethodLosses, ReferenceScoring, GRPOTrainer
         args = self.args
         loss_mask = out["completion_mask"] * out["tool_mask"] if "tool_mask" in out else out["completion_mask"]
         record.rewards = rewards = self._total_rewards(record)
-        scores, answer_scores = self._rollout_scores(out, loss_mask, record, inputs)
-        record.scores = scores = self.accelerator.gather(scores)
+        record.scores = scores = self.accelerator.gather(self._rollout_scores(out, loss_mask, record))
+        answer_scores = self._answer_scores(out, record, inputs)
         local = slice(self.accelerator.process_index * len(inputs), (self.accelerator.process_index + 1) * len(inputs))
 
         self._metrics[mode]["capo/score_spread"].append(within_group_std(rewards, scores, num_generations).item())
