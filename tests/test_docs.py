@@ -93,9 +93,7 @@ def check_command(line: str) -> None:
 
         parse_args(words[1:])
         return
-    parser = build_parser()
-    for sub in parser._subparsers._group_actions[0].choices.values():
-        sub.allow_abbrev = False  # the CLI takes `--seed` for `--seeds`; the docs must spell flags out
+    parser = build_parser()  # no abbreviations (allow_abbrev=False): the docs must spell flags out
     if elided:  # `capo-trl eval ... --flag`: the required arguments are the elided part
         sub = parser._subparsers._group_actions[0].choices[words[0]]
         for action in sub._actions:

@@ -8,6 +8,7 @@ bad recipe fails before an hour of loading. :mod:`capo_trl.cli.train` builds and
 
 from __future__ import annotations
 
+import argparse
 import importlib.resources
 import os
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 from ..data import benchmarks as data
 from ..training.config import CAPOConfig
 from ..training.defaults import EMBEDDED_METHOD, TrainingBudget, training_config
-from ..errors import UsageError, check_model_path, check_output_dir
+from ..errors import UsageError, check_model_path, check_output_dir, invalid_choice
 from .reward_names import REWARDS, resolve_reward
 from .train_flags import LAUNCH_FLAG as FLAG, check_flags, check_recipe_keys, read_recipe
 from ..data.models import resolve_model
@@ -136,8 +137,12 @@ def make_parser(prog: str = "capo-trl train"):
         def error(self, message):  # argparse prints ~250 lines of usage first: one line is enough
             raise UsageError(f"{message} (see `{prog} --help`).")
 
+        def _check_value(self, action, value):  # a slip of a choice names the one meant
+            if action.choices is not None and value not in action.choices:
+                raise argparse.ArgumentError(action, invalid_choice(value, action.choices))
+
     return Parser(
-        (ScriptArguments, CAPOConfig, ModelConfig), prog=prog,
+        (ScriptArguments, CAPOConfig, ModelConfig), prog=prog, allow_abbrev=False,  # --learning_rat is a slip
         description="Train CAPOTrainer. --config RECIPE.yaml reads a YAML mapping of any of the fields below "
                     "(examples/recipes/); flags override it. Without a model: the embedded default (CPU, minutes). "
                     "--accelerate_config NAME|PATH (TRL's predefined configs: zero1/2/3, fsdp1/2, multi_gpu, "
@@ -241,6 +246,13 @@ def check_args(script_args: ScriptArguments, training_args: CAPOConfig, model_ar
     if script_args.max_prompt_length is not None and script_args.max_prompt_length < 1:
         raise ValueError(f"max_prompt_length must be >= 1, got {script_args.max_prompt_length}.")
     name = script_args.dataset_name
+    if name is not None and data.dataset_kind(name) == "hub" and "/" not in name:  # a slip of a registered name?
+        import difflib
+
+        close = difflib.get_close_matches(name.lower(), sorted(data.BENCHMARKS), n=1, cutoff=0.8)
+        if close:
+            raise UsageError(f"dataset_name {name}: not a registered name nor a local file (and a hub dataset id is "
+                             f"org/name); did you mean {close[0]}?")
     if name is not None and data.dataset_kind(name) == "local":
         if script_args.dataset_train_split is not None:
             raise UsageError(f"dataset_train_split does not apply to a local file ({name}): give each split its own "
