@@ -60,7 +60,7 @@ def test_help_metadata_for_every_new_field():
                    "ref_high", "ref_low", "correct_threshold", "ref_cache_size", "tau_mode", "advantage_scale", "truncated_pairs",
                    "score_span",
                    "ref_thresholds", "ref_calibration_steps", "method_kwargs", "noise_mask_guard", "ref_scoring",
-                   "noise_mask_side", "noise_mask_normalizer", "skip_zero_advantage_rows", "share_prompt_prefill",
+                   "noise_mask_side", "noise_mask_normalizer", "skip_zero_advantage_rows", "share_prompt_prefill", "score_span",
                    "share_prompt_in_loss"}
     for f in fields(CAPOConfig):
         if f.name in new:

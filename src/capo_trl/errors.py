@@ -14,6 +14,66 @@ class UsageError(ValueError):
     """Bad input (a flag, a path, a file, a config value): the message says what is wrong and the fix."""
 
 
+def close_names(name: str, known, cutoff: float = 0.6) -> list[str]:
+    """What ``name`` may be a slip of, best first: the names it abbreviates (it begins them), else the closest.
+
+    Flags compare with ``-`` and ``_`` alike (``--learning-rat`` abbreviates ``--learning_rate``).
+    """
+    import difflib
+
+    def key(text: str) -> str:
+        return text[:2] + text[2:].replace("-", "_") if text.startswith("--") else text
+
+    by_key: dict[str, str] = {}
+    for known_name in known:  # of a name's spellings, the underscored one is suggested (TRL's style)
+        seen = by_key.get(key(known_name))
+        if seen is None or ("-" in seen[2:] and "-" not in known_name[2:]):
+            by_key[key(known_name)] = known_name
+    wanted = key(name)
+    started = sorted((k for k in by_key if k.startswith(wanted) and k != wanted), key=len)
+    if started:
+        return [by_key[k] for k in started]
+    bare = {k.removeprefix("--"): k for k in by_key}  # "--" in both would make any two flags look alike
+    close = difflib.get_close_matches(wanted.removeprefix("--"), list(bare), n=1, cutoff=cutoff)
+    return [by_key[bare[k]] for k in close]
+
+
+def did_you_mean(name: str, known, cutoff: float = 0.6) -> str:
+    """``"did you mean X?"`` (or ``"X or Y"``, ``"one of X, Y or Z"`` for an abbreviation of several), or ``""``."""
+    close = close_names(name, known, cutoff)
+    if not close:
+        return ""
+    shown = close[:4]
+    if len(shown) == 1:
+        return f"did you mean {shown[0]}?"
+    listed = f"{', '.join(shown[:-1])} or {shown[-1]}"
+    return f"did you mean {'one of ' if len(shown) > 2 else ''}{listed}{', ...' if len(close) > 4 else ''}?"
+
+
+def unknown_flags(names: list[str], known, hints: dict[str, str] | None = None) -> str:
+    """One line for flags a parser does not know: ``unknown flag --x; did you mean --y?``.
+
+    Abbreviations count as unknown (every parser here has ``allow_abbrev=False``), and are named with the
+    flag they abbreviate. ``hints``: what to say of a flag instead of the closest name (another command's
+    name for a flag: ``{"--model": "did you mean --model_name_or_path?"}``).
+    """
+    def guess(name: str) -> str:
+        key = name[:2] + name[2:].replace("-", "_")
+        return (hints or {}).get(key) or did_you_mean(name, known)
+
+    names = list(dict.fromkeys(names))
+    if len(names) == 1:
+        return f"unknown flag {names[0]}" + (f"; {hint}" if (hint := guess(names[0])) else "")
+    return "unknown flags " + ", ".join(name + (f" ({hint})" if (hint := guess(name)) else "") for name in names)
+
+
+def invalid_choice(value, choices) -> str:
+    """argparse's "invalid choice" with the choice meant: ``invalid choice: 'relativ'; did you mean relative? ...``."""
+    names = [str(c) for c in choices]
+    guess = did_you_mean(str(value), names)
+    return f"invalid choice: {str(value)!r}; {guess + ' ' if guess else ''}choose from {', '.join(names)}"
+
+
 def offline_kernel_error(err: Exception) -> UsageError | None:
     """The one-line form of a Hub kernel that could not be fetched offline, else None.
 

@@ -75,6 +75,7 @@ class MathReward(MathGrader):
         super().__init__(*args, **kwargs)
         self.log_prefix = log_prefix
         self.__name__ = "math_accuracy"  # TRL names the reward column after this
+        self.reward_range = (0.0, 1.0)
 
     def __call__(self, completions, answer=None, solution=None, **kwargs) -> list[float | None]:
         """TRL reward function: gold from the ``answer`` column, else last ``\\boxed{}`` of ``solution``."""
@@ -96,6 +97,8 @@ def _math_answer_spans(completions, **kwargs) -> list[tuple[int, int] | None]:
 
 # A reward function that says where each answer is lets CAPO score the answer's own tokens (score_span='answer').
 math_accuracy_reward.answer_spans = _math_answer_spans
+# The values a reward function can return (None aside): CAPOTrainer refuses a correct_threshold outside them.
+math_accuracy_reward.reward_range = (0.0, 1.0)
 
 
 # A boxed answer, then only closing punctuation, math delimiters, markdown bold and end tags.
@@ -122,6 +125,9 @@ def boxed_format_reward(completions, **kwargs) -> list[float]:
     return out
 
 
+boxed_format_reward.reward_range = (0.0, 1.0)
+
+
 # --------------------------------------------------------------------------------------------
 # verbalised confidence (RLCR)
 # --------------------------------------------------------------------------------------------
@@ -141,6 +147,7 @@ class AnswerTagReward:
     def __init__(self, math_reward: MathGrader | None = None):
         self.math = math_reward  # None: the process's shared grader, looked up at call time
         self.__name__ = "answer_tag_accuracy"
+        self.reward_range = (0.0, 1.0)
 
     def __call__(self, completions, answer=None, solution=None, **kwargs):
         answers = [_boxed(answer_tag(as_text(c))) for c in completions]
@@ -160,6 +167,9 @@ class RLCRReward(AnswerTagReward):
         super().__init__(math_reward)
         self.weights = (format_weight, accuracy_weight, brier_weight)
         self.__name__ = "rlcr"
+        # 0 when the format fails, else format_weight + accuracy_weight * c + brier_weight * (a number in [0, 1])
+        self.reward_range = (min(0.0, format_weight + min(0.0, accuracy_weight) + min(0.0, brier_weight)),
+                             max(0.0, format_weight + max(0.0, accuracy_weight) + max(0.0, brier_weight)))
 
     def __call__(self, completions, answer=None, solution=None, **kwargs):
         grades = super().__call__(completions, answer=answer, solution=solution)
@@ -195,6 +205,7 @@ def redraw_reward(completions, solutions, guessable, prompts=None, trainer_state
 
 
 redraw_reward.answer_spans = _math_answer_spans  # graded by the math reward: its answers are where it reads them
+redraw_reward.reward_range = (0.0, 1.0)
 
 
 def with_grader_noise(reward_func, rate: float, seed: int = 0):
@@ -217,4 +228,7 @@ def with_grader_noise(reward_func, rate: float, seed: int = 0):
         return out
 
     noisy.__name__ = f"{getattr(reward_func, '__name__', 'reward')}_noisy{rate:g}"
+    if getattr(reward_func, "reward_range", None) is not None:  # a flip maps r to 1 - r
+        low, high = reward_func.reward_range
+        noisy.reward_range = (min(low, 1.0 - high), max(high, 1.0 - low))
     return noisy

@@ -63,14 +63,17 @@ def at_least(value, flag: str, minimum: int = 1, what: str = "") -> None:
         raise UsageError(f"{flag} must be >= {minimum}{f' ({what})' if what else ''}, got {value}.")
 
 
-def load_problems(name: str, columns: list[str], **kwargs):
-    """load_benchmark of ``--column`` pairs, with the CLI's spelling of a column mapping in its hint."""
+def load_problems(name: str, columns: list[str], flag: str = "--dataset_name", **kwargs):
+    """load_benchmark of ``--column`` pairs, with the CLI's spelling of a column mapping in its hint, and the flag
+    that named an unknown benchmark."""
     try:
         return data.load_benchmark(name, columns=data.parse_columns(columns, "--column"), **kwargs)
     except data.BenchmarkError as err:
         if "columns=" in str(err) and "--column" not in str(err):
             raise data.BenchmarkError(f"{err} On the command line: --column ROLE=NAME, e.g. --column "
                                       "problem=question.") from err
+        if data.dataset_kind(name) == "hub":  # neither registered nor a file name: say which flag named it
+            raise data.BenchmarkError(f"{flag}: {err}") from err
         raise
 
 

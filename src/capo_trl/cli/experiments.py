@@ -19,11 +19,12 @@ def _add_budget_args(p, steps: int | None, test_problems: int, steps_help: str |
     from ..data.tasks import DEFAULT_TASK, TASKS
 
     task = task or DEFAULT_TASK
-    p.add_argument("--task", default=task, metavar="TASK",
+    p.add_argument("--task", "--dataset_name", default=task, metavar="TASK",
                    help=f"embedded task: {'; '.join(f'{t.name}: {t.summary}' for t in TASKS.values())} "
-                        f"(default {task})")
-    p.add_argument("--model", default=None,
-                   help="model directory or fetched short name (capo-trl fetch-model; default: the task's start model)")
+                        f"(default {task}; --dataset_name, capo-trl train's name, is accepted too)")
+    p.add_argument("--model", "--model_name_or_path", default=None,
+                   help="model directory or fetched short name (capo-trl fetch-model; default: the task's start "
+                        "model; --model_name_or_path, capo-trl train's name, is accepted too)")
     p.add_argument("--steps", type=int, default=steps, help=f"RL steps per run (default {steps_help or steps})")
     p.add_argument("--test_problems", type=int, default=test_problems, help="test-split problems to evaluate")
     p.add_argument("--test_samples", type=int, default=8, help="samples per test problem")
@@ -147,9 +148,12 @@ def add_calibrate_mask_parser(subparsers) -> None:
                     "the reference's own AUROC (is it calibrated enough for the mask to mean anything?). "
                     "Exits 1, writing nothing, when a value cannot be measured on the sample.",
     )
-    p.add_argument("--model", default=None, help="reference model directory (default: the embedded model)")
-    p.add_argument("--benchmark", default="arithmetic-train",
-                   help="training prompts: a registered name or a local file (default: the arithmetic train split)")
+    p.add_argument("--model", "--model_name_or_path", default=None,
+                   help="reference model directory or fetched short name (default: the embedded model; "
+                        "--model_name_or_path, capo-trl train's name, is accepted too)")
+    p.add_argument("--dataset_name", "--benchmark", default="arithmetic-train",
+                   help="training prompts: a registered name or a local file (default: the arithmetic train split; "
+                        "capo-trl train's name; --benchmark, the name of earlier releases, is still accepted)")
     add_data_args(p)
     p.add_argument("--limit", type=int, default=128, help="number of prompts")
     p.add_argument("--n", type=int, default=8, help="samples per prompt (the group size you train with; >= 2)")
@@ -182,15 +186,15 @@ def run_calibrate_mask(args) -> int:
         check_model_path(args.model, "--model")
     path = Path(args.write_config) if args.write_config else None
     text = harness.read_recipe(path) if path else None
-    embedded_task = args.benchmark == "arithmetic-train"
+    embedded_task = args.dataset_name == "arithmetic-train"
     if embedded_task:
         for flag, value in (("--split", args.split), ("--column", args.column)):
             if value:
                 raise UsageError(f"{flag} does not apply to arithmetic-train (the embedded task's train split); for "
-                                 "another split use --benchmark arithmetic --split NAME.")
+                                 "another split use --dataset_name arithmetic --split NAME.")
         problems = arithmetic.arithmetic_dataset("train", args.limit)
     else:
-        problems = load_problems(args.benchmark, args.column, split=args.split, limit=args.limit,
+        problems = load_problems(args.dataset_name, args.column, split=args.split, limit=args.limit,
                                   template=args.template)
     max_new = args.max_new_tokens or (48 if embedded_task else 1024)
     report = harness.calibrate_mask(args.model or arithmetic.embedded_model_path(), None, problems, n=args.n,

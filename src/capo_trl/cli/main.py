@@ -27,12 +27,14 @@ def add_eval_parser(subparsers) -> None:
                     "precision-coverage and reliability PNGs to --out (a new or empty directory, or "
                     "--overwrite).",
     )
-    p.add_argument("--model", required=True,
-                   help="model directory, a fetched short name (capo-trl fetch-model), or a hub id with network")
+    p.add_argument("--model", "--model_name_or_path", required=True,
+                   help="model directory, a fetched short name (capo-trl fetch-model), or a hub id with network "
+                        "(--model_name_or_path: capo-trl train's name, also accepted)")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model's)")
-    p.add_argument("--benchmark", required=True,
+    p.add_argument("--dataset_name", "--benchmark", required=True,
                    help=f"registered name ({', '.join(sorted(data.BENCHMARKS))}) or a local "
-                        f"{'/'.join(data.LOCAL_SUFFIXES)} file")
+                        f"{'/'.join(data.LOCAL_SUFFIXES)} file (capo-trl train's name; --benchmark, the name of "
+                        "earlier releases, is still accepted)")
     add_data_args(p)
     p.add_argument("--template", default=None, choices=TEMPLATES, help=TEMPLATE_HELP)
     p.add_argument("--limit", type=int, default=None, help="evaluate the first N problems only")
@@ -53,7 +55,7 @@ def add_eval_parser(subparsers) -> None:
                    help="write into a non-empty --out, replacing a previous report there (other files are kept)")
     p.add_argument("--plots", action="store_true", help="also write PNG plots")
     p.add_argument("--calibrate_on", default=None, metavar="SPLIT_OR_FILE",
-                   help="fit a map s -> P(correct) on this split of --benchmark (or a local file), sampled the same "
+                   help="fit a map s -> P(correct) on this split of --dataset_name (or a local file), sampled the same "
                         "way, and report ECE/Brier before and after on the evaluated problems; writes calibrator.json")
     p.add_argument("--calibration", default="platt", choices=["temperature", "platt", "isotonic"],
                    help="the map --calibrate_on fits (default platt)")
@@ -92,12 +94,13 @@ def run_eval(args) -> int:
         raise UsageError("--target_precision needs --calibrate_on (the threshold is chosen there) and a value in "
                          f"(0, 1), got {args.target_precision}.")
     out = check_output_dir(args.out, args.overwrite)
-    problems = load_problems(args.benchmark, args.column, split=args.split, limit=args.limit,
+    problems = load_problems(args.dataset_name, args.column, split=args.split, limit=args.limit,
                               template=args.template)
     calibration = None
-    if args.calibrate_on is not None:  # a local file, else a split of --benchmark
+    if args.calibrate_on is not None:  # a local file, else a split of --dataset_name
         is_file = Path(args.calibrate_on).expanduser().is_file()
-        calibration = load_problems(args.calibrate_on if is_file else args.benchmark, args.column,
+        calibration = load_problems(args.calibrate_on if is_file else args.dataset_name, args.column,
+                                     "--calibrate_on" if is_file else "--dataset_name",
                                      split=None if is_file else args.calibrate_on, limit=args.calibrate_limit,
                                      template=args.template)
     from ..data.models import resolve_model
@@ -120,7 +123,7 @@ def run_eval(args) -> int:
 
 def _say_eval(args, result, n_problems: int, calibration) -> None:
     """The console summary of ``capo-trl eval``: the table, and what calibration and abstention found."""
-    print(f"{args.benchmark}: {n_problems} problems x {args.n} samples, temperature {args.temperature}")
+    print(f"{args.dataset_name}: {n_problems} problems x {args.n} samples, temperature {args.temperature}")
     print(result.table())
     if calibration is not None:
         print(f"calibrated on {args.calibrate_on} ({len(calibration)} problems, {args.calibration}): ECE "
@@ -218,7 +221,48 @@ SUBCOMMANDS = [add_eval_parser, add_demo_parser, add_compare_parser, add_calibra
 
 class _Parser(argparse.ArgumentParser):
     """TRL's flag style (``--max_new_tokens``) for every subcommand; the hyphenated spelling
-    (``--max_new_tokens``) of earlier releases is still accepted, for one release."""
+    (``--max-new-tokens``) of earlier releases is still accepted, for one release.
+
+    No abbreviations (``--mod`` is not ``--model``: a slip must not pass for a flag), and every error is one
+    line: an unknown flag names the flag meant (``unknown flag --mod; did you mean --model?``), before argparse
+    looks for missing arguments; an invalid choice names the choice meant.
+    """
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._refuse_unknown_flags(sys.argv[1:] if args is None else list(args))
+        return super().parse_known_args(args, namespace)
+
+    def _refuse_unknown_flags(self, args: list[str]) -> None:
+        """Every ``--name`` argparse would leave unrecognised, named before anything else is checked (a parser with
+        subcommands looks only before its subcommand, whose own parser checks the rest)."""
+        if "-" not in self.prefix_chars:  # `train`: TRL's parser reads everything after it
+            return
+        commands = any(isinstance(action, argparse._SubParsersAction) for action in self._actions)
+        unknown = []
+        for arg in args:
+            if arg == "--" or (commands and not arg.startswith("-")):
+                break
+            name = arg.split("=", 1)[0]
+            if arg.startswith("--") and " " not in arg and name not in self._option_string_actions:
+                unknown.append(name)
+        if unknown:
+            from ..errors import unknown_flags
+
+            message = unknown_flags(unknown, list(self._option_string_actions))
+            self.exit(2, f"{self.prog}: {message}{'' if message.endswith('?') else f'; see `{self.prog} --help`.'}\n")
+
+    def error(self, message):  # argparse prints the whole usage first: one line is enough
+        self.exit(2, f"{self.prog}: {' '.join(message.split())}; see `{self.prog} --help`.\n")
+
+    def _check_value(self, action, value):  # a slip of a choice (or of a subcommand) names the one meant
+        if action.choices is not None and value not in action.choices:
+            from ..errors import invalid_choice
+
+            raise argparse.ArgumentError(action, invalid_choice(value, action.choices))
 
     def add_argument(self, *names, **kwargs):
         spelled = []

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 
 from ..data import benchmarks as data
-from ..errors import UsageError
+from ..errors import UsageError, did_you_mean
 
 # Reward functions known by short name (they win over TRL's); then trl.rewards' own names; else a dotted path.
 REWARDS = {
@@ -51,8 +51,9 @@ def resolve_reward(spec: str) -> Callable:
         module_name, attr = target.rsplit(".", 1)
     else:
         usable = sorted(REWARDS) + [n for n in trl_reward_names() if not n.startswith("get_")]
-        raise ValueError(f"Unknown reward function {spec!r}: use one of {usable} or a dotted path "
-                         "such as 'my_package.rewards:my_reward'.")
+        guess = did_you_mean(target, usable)
+        raise ValueError(f"Unknown reward function {spec!r}{f' ({guess})' if guess else ''}: use one of {usable} "
+                         "or a dotted path such as 'my_package.rewards:my_reward'.")
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())  # so a reward module next to the recipe imports without installing it
     try:

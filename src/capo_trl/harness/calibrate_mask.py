@@ -13,7 +13,7 @@ import yaml
 from ..advantages import quartile_thresholds, within_group_std
 from ..evaluation.calibration import auroc
 from ..training.defaults import RECOMMENDED
-from ..training.mask import overlap_warning
+from ..training.consistency import overlap_warning
 from ..errors import UsageError
 from .presets import is_number
 

@@ -339,7 +339,8 @@ def close(folder: Path, plan: Plan, now: datetime.datetime | None = None) -> dic
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     parser.add_argument("command", choices=("collect", "restore", "report", "close"))
     parser.add_argument("--into", type=Path, required=True, help="the study's folder under docs/results/")
     parser.add_argument("--runs", type=Path, help="collect, restore: the folder `harness.testbed run --out` writes")

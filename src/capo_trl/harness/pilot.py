@@ -90,7 +90,8 @@ def pilot_budget(args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     parser.add_argument("--task", choices=[name for name in TASKS if name != "arithmetic"], required=True)
     parser.add_argument("--model", required=True, help="the start model (trained for the task)")
     parser.add_argument("--seeds", type=int, nargs="+", required=True)

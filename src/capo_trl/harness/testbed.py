@@ -208,9 +208,10 @@ def report(out: Path) -> dict:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("run")
+    p = sub.add_parser("run", allow_abbrev=False)
     p.add_argument("--task", required=True)
     p.add_argument("--methods", required=True, help="comma-separated presets; the first is the reference arm")
     p.add_argument("--seeds", type=int, nargs="+", required=True)
@@ -220,7 +221,7 @@ def main(argv=None):
     p.add_argument("--test_problems", type=int, default=512)
     p.add_argument("--workers", type=int, default=1, help="runs at a time, each in its own process (0: here)")
     p.add_argument("--out", required=True)
-    r = sub.add_parser("report")
+    r = sub.add_parser("report", allow_abbrev=False)
     r.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     if args.command == "run" and args.workers < 0:

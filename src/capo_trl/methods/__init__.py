@@ -10,6 +10,7 @@ import importlib
 import os
 import sys
 
+from ..errors import did_you_mean
 from .base import AdvantageInputs, Method, MethodState, Rollout
 from .c2gspg import C2GSPG
 from .capo import CAPO
@@ -45,8 +46,9 @@ def resolve_method(spec: str) -> type[Method]:
     if spec in METHODS:
         return METHODS[spec]
     if ":" not in spec:
-        raise ValueError(f"CAPOConfig.advantage_estimator={spec!r} is invalid; choose one of {sorted(METHODS)}, "
-                         "or give your own Method subclass as 'package.module:ClassName'.")
+        guess = did_you_mean(spec, sorted(METHODS))
+        raise ValueError(f"CAPOConfig.advantage_estimator={spec!r} is invalid; {guess + ' ' if guess else ''}choose "
+                         f"one of {sorted(METHODS)}, or give your own Method subclass as 'package.module:ClassName'.")
     module_name, _, attr = spec.partition(":")
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())  # a module next to the recipe imports without installing it

@@ -70,6 +70,12 @@ class CAPO(Method):
         return self.args.score_span == "answer"
 
     def check(self, config) -> None:
+        if self.args.tau_mode == "relative" and self.args.advantage_scale == "paper":
+            raise ValueError(
+                "CAPOConfig.tau_mode='relative' with advantage_scale='paper': the paper's 1/tau factor would divide by "
+                "tau x the batch's score spread, so the step size would change with every batch and grow without "
+                "bound as the spread shrinks; use advantage_scale='matched' (GRPO's step size per group; the "
+                "embedded preset's) or 'bounded', or tau_mode='absolute' (the paper's tau in nats).")
         scale = getattr(config, "scale_rewards", "group")
         if self.args.advantage_scale == "paper" and scale != "group":
             raise ValueError(

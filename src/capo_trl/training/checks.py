@@ -65,3 +65,34 @@ def check_prompt_lengths(dataset, tokenizer, context: int | None, max_completion
             "(capo-trl train: max_prompt_length) or lower max_completion_length.",
             stacklevel=4,
         )
+
+
+def check_correct_threshold(reward_funcs, reward_weights, threshold: float, names=None) -> None:
+    """Refuse a ``correct_threshold`` no total reward can reach, or every total reward reaches.
+
+    Knowable only when every reward function declares the values it returns (``reward_range``: those of
+    :mod:`capo_trl.rewards` do, and so may yours); a reward model or another function leaves it unchecked.
+    A function's missing reward (None) counts as 0 in TRL's weighted total, so 0 is always within reach.
+    """
+    funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    ranges = [getattr(f, "reward_range", None) for f in funcs]
+    if not funcs or any(r is None for r in ranges):
+        return
+    weights = [1.0] * len(funcs) if reward_weights is None else [float(w) for w in reward_weights]
+    if len(weights) != len(funcs):
+        return  # TRL refuses the mismatch with its own message
+    low = sum(min(0.0, w * lo, w * hi) for w, (lo, hi) in zip(weights, ranges))
+    high = sum(max(0.0, w * lo, w * hi) for w, (lo, hi) in zip(weights, ranges))
+    names = names or [getattr(f, "__name__", type(f).__name__) for f in funcs]
+    parts = ", ".join(f"{name} in [{lo:g}, {hi:g}]" + (f" x {w:g}" if w != 1 else "")
+                      for name, (lo, hi), w in zip(names, ranges, weights))
+    if threshold > high:
+        raise UsageError(f"CAPOConfig.correct_threshold={threshold:g} is above the highest total reward ({high:g}: "
+                         f"{parts}), so no completion would ever count as correct (the noise mask and the capo/* "
+                         f"calibration metrics split on it); give a value in ({low:g}, {high:g}], e.g. "
+                         f"{(low + high) / 2:g}.")
+    if threshold <= low:
+        raise UsageError(f"CAPOConfig.correct_threshold={threshold:g} is at or below the lowest total reward ({low:g}: "
+                         f"{parts}), so every completion would count as correct (the noise mask and the capo/* "
+                         f"calibration metrics split on it); give a value in ({low:g}, {high:g}], e.g. "
+                         f"{(low + high) / 2:g}.")

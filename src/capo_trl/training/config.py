@@ -16,6 +16,7 @@ from trl import GRPOConfig
 from ..advantages import MASK_SIDES
 from ..methods import BUILTIN, resolve_method
 from ..methods.base import check_fields
+from .consistency import refuse_contradictions, warn_ineffective
 from .skipping import resolve_skipping
 
 THRESHOLD_MODES = ("fixed", "auto")
@@ -246,7 +247,9 @@ class CAPOConfig(*_METHOD_ARGS, GRPOConfig):
             self.noise_mask = method.default_noise_mask
         super().__post_init__()  # reconciles activation_checkpointing with its deprecated alias
         self._check_prompt_sharing(method)
+        refuse_contradictions(self, self.noise_mask)
         resolve_skipping(self, method(self))  # the method's own constraints (loss_type, beta, ...), then ours
+        warn_ineffective(self, method, self.noise_mask)  # last: a refused configuration warns of nothing
 
     def _check_prompt_sharing(self, method) -> None:
         """``share_prompt_in_loss`` needs the model's cache in the loss forward, and TRL's fused log-probs."""

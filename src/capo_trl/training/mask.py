@@ -14,6 +14,7 @@ from accelerate import PartialState
 from accelerate.logging import get_logger
 
 from ..advantages import noise_mask, quartile_thresholds
+from .consistency import overlap_warning
 
 # accelerate's logger: a warning is written by the main process only, not once per process
 logger = get_logger(__name__)
@@ -126,12 +127,3 @@ class NoiseMask:
         self.measured = tuple(measured) if measured is not None else None
         self.samples = [tuple(pair) for pair in state["threshold_samples"]]
         self.warned = set(state["warned"])
-
-
-def overlap_warning(ref_high: float, ref_low: float, source: str) -> str:
-    """Why thresholds with ``ref_low > ref_high`` deserve a look before training with them."""
-    return (f"noise mask thresholds from {source} overlap: ref_low={ref_low:.4g} > ref_high={ref_high:.4g}. Every kept "
-            "correct answer then has a lower reference perplexity than every kept wrong one, so the mask keeps only "
-            "what the reference already ranks perfectly (a well calibrated reference gives this under the quartile "
-            "rule). Check the thresholds (`capo-trl calibrate-mask` on more prompts), mask one side only "
-            "(noise_mask_side), or set noise_mask=False.")

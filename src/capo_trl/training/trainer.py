@@ -33,7 +33,7 @@ from trl.trainer.utils import get_config_model_id, pad
 
 from ..advantages import within_group_std
 from .checkpoint import CheckpointedState
-from .checks import check_dataset_size, check_prompt_lengths
+from .checks import check_correct_threshold, check_dataset_size, check_prompt_lengths
 from .config import MASK_FREE_NORMALISER, CAPOConfig
 from ..errors import UsageError
 from .answers import span_source
@@ -137,6 +137,7 @@ class CAPOTrainer(CheckpointedState, MethodLosses, ReferenceScoring, GRPOTrainer
         check_dataset_size(train_dataset, args)  # before any model is loaded
         method = resolve_method(args.advantage_estimator)(args)
         funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
+        check_correct_threshold(funcs, args.reward_weights, args.correct_threshold)
         self._answer_spans = (span_source(funcs, [getattr(f, "__name__", str(f)) for f in funcs])
                               if method.wants_answer_scores() else None)
         self._quantization_config = quantization_config
