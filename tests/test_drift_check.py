@@ -23,11 +23,11 @@ def drift_check() -> dict:
         for path in sorted((ROOT / "docs" / "results" / folder).glob("capo*/seed*.json")):
             train = json.loads(path.read_text())["train"]
             watch, warned = DriftWatch(), None
-            for log in train:  # each logged value stands for the 5 steps it averages
-                for step in range(log["step"] - 4, log["step"] + 1):
+            for log in train:  # each logged value stands for the 5 steps it averages; a warning counts at the
+                for step in range(log["step"] - 4, log["step"] + 1):  # logged step, when all of them had run
                     # not logged then: right answers that kept writing (0), the push (0 of GRPO's -1)
                     if watch.observe(step, log["completions/clipped_ratio"], 0.0, 0.0, -1.0, "capo") and warned is None:
-                        warned = step
+                        warned = log["step"]
             stuck = next((x["step"] for x in train if x["completions/clipped_ratio"] >= 1.0), None)
             runs.append((stuck, warned))
     collapsed = [(s, w) for s, w in runs if s is not None]
@@ -45,3 +45,37 @@ def test_the_docs_give_the_rules_record_on_the_committed_runs():
                 f"{c['warned_20_before']} (median {c['median_lead']:g} steps), and it warned in {c['others_warned']} of "
                 f"the other {c['others']}")
     assert expected in text, (expected, re.findall(r"Of the \d+ CAPO runs[^.]*", text))
+
+
+def replay_check() -> list[tuple[int, int | None, int | None]]:
+    """(seed, warned at, every completion at the limit at) for each committed replay of the first study's CAPO runs:
+    the same runs retrained with the drift signals logged (their logs equal the committed ones). The push is not in
+    them in its logged form, so it counts as 0 of GRPO's, as above."""
+    out = []
+    for path in sorted((ROOT / "docs" / "results" / "smollm2-study" / "replays").glob("*.json")):
+        replay = json.loads(path.read_text())
+        watch, warned = DriftWatch(), None
+        for log in replay["train"]:
+            for step in range(log["step"] - 4, log["step"] + 1):
+                if watch.observe(step, log["completions/clipped_ratio"], log["capo/answered_truncated_frac"], 0.0,
+                                 -1.0, "capo") and warned is None:
+                    warned = log["step"]
+        stuck = next((x["step"] for x in replay["train"] if x["completions/clipped_ratio"] >= 1.0), None)
+        out.append((replay["seed"], warned, stuck))
+    return out
+
+
+def test_the_replays_are_the_committed_runs_and_the_docs_give_their_warnings():
+    for path in sorted((ROOT / "docs" / "results" / "smollm2-study" / "replays").glob("*.json")):
+        replay = json.loads(path.read_text())
+        record = json.loads((ROOT / "docs" / "results" / "smollm2-study" / replay["replays"]).read_text())
+        assert len(replay["train"]) == len(record["train"])
+        for a, b in zip(replay["train"], record["train"]):  # every number the record logged, equal
+            assert {k: a[k] for k in b if k in a} == {k: v for k, v in b.items() if k in a}
+            assert set(replay["equal_to_the_record"]) == set(b) - {"step"}
+    text = " ".join((ROOT / "docs" / "training.md").read_text().split())
+    for seed, warned, stuck in replay_check():
+        said = (f"seed {seed}: warned at step {warned}, {stuck - warned} steps before every completion ran to the "
+                f"limit (step {stuck})" if stuck is not None and warned is not None else
+                f"seed {seed}: warned at step {warned}, and its completions never all ran to the limit")
+        assert said in text, (said, re.findall(r"seed \d+: warned[^;.]*", text))

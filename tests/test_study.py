@@ -20,6 +20,7 @@ from capo_trl.cli.main import main
 from capo_trl.errors import UsageError
 from capo_trl.harness.study import load_study
 from capo_trl.harness.study_report import screen
+from capo_trl.training.resume import newest_complete
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "studies" / "tiny" / "study.yaml"  # the study docs/studies.md runs
@@ -81,7 +82,8 @@ def test_a_pilot_picks_by_its_rule(tmp_path):
 def test_a_frozen_study_runs_only_its_frozen_code(tmp_path, monkeypatch):
     """Frozen at a commit, a study runs under any commit with the same src/ tree (the one that writes the frozen
     line changes only study.yaml), refuses another tree unless its file says why, and never mixes them in a report."""
-    from capo_trl.harness import study_report, study_run
+    from capo_trl.cli import study_run
+    from capo_trl.harness import study_report
 
     study = load_study(project(tmp_path, frozen_commit="abc123"))
     monkeypatch.setattr(study_run, "frozen_tree", lambda commit: {"abc123": "tree-1"}.get(commit))
@@ -114,10 +116,15 @@ def test_a_study_runs_from_its_file_resumes_after_a_kill_and_reports(tmp_path, c
     folder, runs = project(tmp_path), tmp_path / "runs"
     first = _queue(folder, runs)
     deadline = time.monotonic() + 300
-    while not list(runs.glob("tiny/*/seed*/checkpoint-1/trainer_state.json")):  # a run has saved a checkpoint
+
+    def saved():  # the runs with a whole checkpoint (a run killed while saving restarts from scratch)
+        return [run for run in runs.glob("tiny/*/seed*") if run.is_dir() and newest_complete(str(run))[0]]
+
+    while not saved():
         assert first.poll() is None and time.monotonic() < deadline, first.communicate()[0] if first.poll() else ""
         time.sleep(0.2)
     os.killpg(first.pid, signal.SIGKILL)  # the whole queue, its runs included, as a lost machine would
+    resumed = saved()
     first.wait(timeout=60)
     assert not list(folder.glob("*/seed*.json"))  # no record of a run that did not finish
 
@@ -127,8 +134,8 @@ def test_a_study_runs_from_its_file_resumes_after_a_kill_and_reports(tmp_path, c
     out, _ = second.communicate(timeout=600)
     assert second.returncode == 0, out
     assert "finished 4, failed 0" in out and len(re.findall(r"^finished \w+ seed \d$", out, re.M)) == 4, out
-    logs = "".join(p.read_text() for p in runs.glob("tiny/*/seed*.log"))
-    assert "--resume_from_checkpoint last" in logs  # the killed run went on from its checkpoint
+    for run in resumed:  # the killed runs with a whole checkpoint went on from it
+        assert "--resume_from_checkpoint last" in (run.parent / f"{run.name}.log").read_text(), run
 
     records = {(arm, s): json.loads((folder / arm / f"seed{s}.json").read_text()) for arm in ("grpo", "capo")
                for s in (0, 1)}

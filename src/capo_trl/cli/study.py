@@ -59,7 +59,8 @@ def add_study_parser(subparsers) -> None:
 @one_line
 def run_study(args) -> int:
     from ..errors import UsageError
-    from ..harness import study, study_report, study_run
+    from ..harness import study, study_report
+    from . import study_run
 
     if args.verb == "plan":
         return _plan(args)

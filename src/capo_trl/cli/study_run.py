@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 from ..errors import UsageError
-from .driver import write_json
-from .study import Study, code_version, frozen_tree, repo_root
+from ..harness.driver import write_json
+from ..harness.study import Study, code_version, frozen_tree, repo_root
 
 ENDPOINT_KEYS = ("auroc", "auroc_question", "ece", "e_aurc")
 
@@ -75,11 +75,36 @@ def _test_args(study: Study, run: Path) -> list[str]:
             "--seed", str(t.seed), "--device", "cpu", "--no_progress", "--out", str(run / "test"), "--overwrite"]
 
 
+def _command(args: list[str]) -> int:
+    """``capo-trl train`` or ``capo-trl eval`` with ``args``, in this process; its exit status."""
+    if args[0] == "train":
+        from .train import parse_args, run_and_end
+        from .train_flags import precheck
+
+        try:
+            precheck(args[1:])
+            run_and_end(*parse_args(args[1:]))
+        except ValueError as err:  # a bad recipe or flag (UsageError included): one line, as the CLI says it
+            print(f"capo-trl train: {' '.join(str(err).split())}", file=sys.stderr)
+            return 2
+        return 0
+    import argparse
+
+    from .evaluate import add_eval_parser
+
+    parser = argparse.ArgumentParser(prog="capo-trl", allow_abbrev=False)
+    add_eval_parser(parser.add_subparsers(dest="command", required=True))
+    parsed = parser.parse_args(args)
+    try:
+        return parsed.func(parsed)
+    except UsageError as err:
+        print(f"capo-trl eval: {err}", file=sys.stderr)
+        return 2
+
+
 def _step(args: list[str], log: Path) -> None:
     """One ``capo-trl`` command of a run, in this process (one import of TRL for training and test), its output
     appended to ``log``; an error naming the log when it fails. The queue's deadline bounds the whole run."""
-    from ..cli.main import main
-
     with open(log, "a") as out:
         out.write(f"$ capo-trl {shlex.join(args)}\n")
         out.flush()
@@ -89,7 +114,7 @@ def _step(args: list[str], log: Path) -> None:
         os.dup2(out.fileno(), 1)
         os.dup2(out.fileno(), 2)
         try:
-            code = main(args)
+            code = _command(args)
         except SystemExit as err:
             code = err.code
         finally:
