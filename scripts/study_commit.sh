@@ -5,6 +5,7 @@
 set -euo pipefail
 record=${STUDY_RECORD:?run by capo-trl study queue --on_record, which sets STUDY_RECORD}
 here=$(cd "$(dirname "$0")/.." && pwd)
+export PYTHONPATH="$here/src"  # this checkout's renderers, not the frozen code the queue runs
 lock=$(cd "$here" && cd "$(git rev-parse --git-common-dir)" && pwd)/study-commit.lock
 study=$(basename "$(dirname "$(dirname "$record")")")
 arm=$(basename "$(dirname "$record")")
