@@ -321,10 +321,11 @@ def demo(budget: Budget | None = None, methods: str = DEMO_METHODS, plot: str | 
             records = list(arms.result().values())
     seconds = time.time() - started
     cores = f"{os.cpu_count()} CPU cores" + (f", load average {load:.1f} at its start" if load is not None else "")
-    print(f"\n{', '.join(r['method'] for r in records)} side by side on the embedded task {budget.task}: "
-          f"{budget.steps} RL steps each at learning rate {_rate(budget.learning_rate)}, seed {seed}; test split "
-          f"{budget.test_problems} problems x {budget.test_samples} samples; {seconds:.0f} s of wall time here "
-          f"({cores})")
+    print("\n" + textwrap.fill(
+        f"{', '.join(r['method'] for r in records)} side by side on the embedded task {budget.task}: {budget.steps} "
+        f"RL steps each at learning rate {_rate(budget.learning_rate)}, seed {seed}; test split "
+        f"{budget.test_problems} problems x {budget.test_samples} samples; {seconds:.0f} s of wall time here "
+        f"({cores})", width=110, break_on_hyphens=False))
     print(_table(before, records))
     print(textwrap.fill(CPU_VARIATION, width=110, break_on_hyphens=False))
     print()
