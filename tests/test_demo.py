@@ -2,6 +2,7 @@
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from test_pictures import png_size
 from capo_trl.cli.main import main
 from capo_trl.data.arithmetic import ArithmeticTask, arithmetic_dataset, embedded_model_path
 from capo_trl.rewards import with_grader_noise
+from capo_trl.harness.demo import CPU_VARIATION
 from capo_trl.harness.presets import PRESETS, parse_methods
 from capo_trl.rewards import MathReward
 
@@ -71,8 +73,9 @@ def test_demo_compare_and_calibrate_mask_run_end_to_end(tmp_path, capsys):
     # a progress bar each (on stderr, drawn from the arms' step files), then one table: the start model and each arm
     assert "side by side on guess-half" in printed and "seed 1" in printed
     assert "[grpo seed 1] trained and tested" in printed and "[capo seed 1] trained and tested" in printed
-    for arm in ("grpo", "capo"):
-        assert re.search(rf"{arm}\s+trained, testing: 100%\S* 2/2", captured.err), captured.err[-2000:]
+    for arm in ("grpo", "capo"):  # each bar ends saying its arm is done; the line saying so waits for the bars
+        assert re.search(rf"{arm}\s+trained and tested in \d+ s: 100%\S* 2/2", captured.err), captured.err[-2000:]
+    assert printed.index("[capo seed 1] trained and tested") < printed.index("side by side on the embedded task")
     table = printed[printed.index("auroc_question"):].splitlines()
     assert [line.split()[0] for line in table[1:4]] == ["start", "grpo", "capo"]
     assert [len(line.split()) for line in table[1:4]] == [7, 5, 5]  # a name, then the 4 numbers
@@ -83,10 +86,15 @@ def test_demo_compare_and_calibrate_mask_run_end_to_end(tmp_path, capsys):
     assert "| per-question AUROC | -0.016 [-0.057, +0.025] | 5 of 12 |" in printed
     words = " ".join(printed.split())
     assert "chosen in an exploratory pilot" not in words and "was not tested for showing it" in words
-    # the demo's PNG, and where it is said last: two panels (AUROC over steps; the test split before and after)
-    # at 4.6 x 3.8 inches each, 120 dpi
+    # that its numbers vary with the CPU kind, right under them; its wall time; this run beside the study's seeds
+    assert " ".join(CPU_VARIATION.split()) in " ".join(table[4:12])
+    assert re.search(r"seed 1; test split 8 problems x 2 samples; \d+ s of wall time here \(\d+ CPU cores", words)
+    beside = printed[printed.index("This run against the committed study's 12 seeds"):].splitlines()
+    assert [line.split()[0] for line in beside[2:6]] == ["pooled", "start", "grpo", "capo"]
+    assert "the study's capo-nomask)" in beside[5]
+    # the demo's PNG, and where it is said last: three panels (the test endpoints), 12.6 x 4.6 inches at 120 dpi
     assert printed.rstrip().endswith(f"wrote {plot}")
-    assert png_size(plot) == (round(2 * 4.6 * 120), round(3.8 * 120))
+    assert png_size(plot) == (round(3 * 4.2 * 120), round(4.6 * 120))
 
     out = tmp_path / "cmp"
     assert main(["compare", "--methods", "grpo,capo", "--seeds", "1", "--out", str(out), "--val_every", "1",
@@ -105,6 +113,71 @@ def test_demo_compare_and_calibrate_mask_run_end_to_end(tmp_path, capsys):
     assert main(["calibrate-mask", "--limit", "8", "--n", "4", "--write_config", str(config)]) == 0
     written = config.read_text()
     assert "ref_high" in written and "ref_low" in written and "tau" in written
+
+
+def test_the_committed_study_is_read_from_its_run_files(tmp_path):
+    """The seeds the demo draws are the committed study's (the look that ended it), arm by arm as the demo names
+    them; their means are the ones the docs print (capo_trl.harness.evidence, checked against the same files)."""
+    from capo_trl.harness.demo import against_study, committed_study, demo_budget
+    from capo_trl.harness.evidence import STUDY_RESULTS
+
+    folder = Path(__file__).resolve().parents[1] / "docs" / "results" / "guess-half-mask-study"
+    budget = demo_budget()
+    study = committed_study(budget, parse_methods("grpo,capo"))
+    found = STUDY_RESULTS["guess-half"]
+    assert study["seeds"] == found["seeds"] == 12 and study["steps"] == 600 and study["test_problems"] == 512
+    assert {label: arm["arm"] for label, arm in study["arms"].items()} == {"grpo": "grpo", "capo": "capo-nomask"}
+    for label, arm, mean in (("grpo", "grpo", found["grpo"]), ("capo", "capo-nomask", found["nomask"])):
+        files = [json.loads((folder / arm / f"seed{s}.json").read_text()) for s in range(12)]
+        for key in ("auroc", "auroc_question", "accuracy"):
+            assert study["arms"][label][key]["values"] == [f[key] for f in files], (label, key)
+        assert round(study["arms"][label]["auroc"]["mean"], 3) == mean
+    assert round(study["start"]["auroc"], 3) == found["start"]
+
+    other = committed_study(budget, parse_methods("grpo,capo:tau=0.3"))  # a method no arm of the study trained
+    assert set(other["arms"]) == {"grpo"}
+    run = {"accuracy": 0.4, "auroc": 0.8, "auroc_question": 0.7, "ece": 0.5}
+    text = against_study(run, [{"method": "capo:tau=0.3", "after": run}], other, budget)
+    assert "no arm of the study trained this method" in text and "higher is better" in text
+    assert committed_study(demo_budget("arithmetic"), parse_methods("grpo,capo")) is None  # no study of that task
+    from dataclasses import replace
+
+    assert committed_study(replace(budget, model="elsewhere"), parse_methods("grpo,capo")) is None  # another model
+    assert committed_study(budget, parse_methods("grpo,capo"), results=tmp_path) is None  # an installed package
+    assert "not in this installation" in against_study(run, [], None, budget)
+
+
+def test_a_finished_run_line_waits_until_the_bars_have_closed(tmp_path, monkeypatch):
+    """What is printed while the arms' bars are drawn (the driver's "[capo seed 0] trained and tested in ...") is
+    written after every bar has closed, never through one; the arm's own bar says it is done meanwhile."""
+    from tqdm import tqdm
+
+    from capo_trl.harness import demo as demo_module
+
+    class Console:
+        def __init__(self):
+            self.writes = []
+
+        def write(self, text):
+            self.writes.append((text, len(getattr(tqdm, "_instances", ()))))  # with the bars open at that moment
+            return len(text)
+
+        def flush(self):
+            pass
+
+    console = Console()
+    monkeypatch.setattr("sys.stdout", console)
+    with demo_module._arm_bars(["grpo", "capo"], 3, str(tmp_path), enabled=True, every=0.01) as done:
+        assert done("capo", "trained and tested in 7 s") == "trained and tested in 7 s"
+        print("[capo seed 0] trained and tested in 7 s")
+        (tmp_path / "capo.step").write_text("3")  # its last steps, read after it said it was done
+        time.sleep(0.3)
+        assert console.writes == [] and len(tqdm._instances) == 2
+        bars = {bar.desc.split()[0]: bar for bar in tqdm._instances}
+        assert bars["capo"].n == 3 and bars["capo"].desc.startswith("capo trained and tested in 7 s")
+        assert bars["grpo"].desc.startswith("grpo training")
+    assert "".join(text for text, _ in console.writes) == "[capo seed 0] trained and tested in 7 s\n"
+    assert all(open_bars == 0 for _, open_bars in console.writes)
 
 
 # ------------------------------------------------------------------------------------ one-line errors

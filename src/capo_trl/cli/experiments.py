@@ -46,7 +46,9 @@ def add_demo_parser(subparsers) -> None:
         description="Trains GRPO and the `capo` preset side by side (one process each, a progress bar each) on an "
                     "embedded task with its tiny start model, by default guess-half, where GRPO loses calibration; "
                     "then prints accuracy, pooled and per-question AUROC and ECE on the test split before and after, "
-                    "the validation AUROC over steps, and what the committed studies found on that task.",
+                    "the validation AUROC over steps, this run against the committed study's seeds on that task, "
+                    "and what that study found. Numbers vary with the CPU kind: the same seed gives other numbers "
+                    "on another machine.",
     )
     _add_budget_args(p, steps=None, test_problems=256, steps_help="the task's demo budget: 300 on guess-half, else 200",
                      task="guess-half")
@@ -59,8 +61,9 @@ def add_demo_parser(subparsers) -> None:
     p.add_argument("--learning_rate", type=float, default=None,
                    help="learning rate of both arms (default: the task's demo budget, 4e-4 on guess-half, else 2e-4)")
     p.add_argument("--plot", default="runs/demo.png", metavar="PNG",
-                   help="where to write the picture: validation AUROC over steps, the test split before/after "
-                        "(default runs/demo.png; replaced if there)")
+                   help="where to write the picture: the test split's pooled and per-question AUROC and accuracy, "
+                        "this run against the committed study's seeds on the task (default runs/demo.png; replaced "
+                        "if there; docs/demo.png is `capo-trl demo --plot docs/demo.png`)")
     p.set_defaults(func=run_demo)
 
 

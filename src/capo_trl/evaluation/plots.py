@@ -76,30 +76,61 @@ def reliability_before_after(result, path) -> Path:
     return _save(fig, path)
 
 
-def demo_figure(before: dict, records: list[dict], path, title: str) -> Path:
-    """``capo-trl demo``'s picture: each arm's validation pooled AUROC against step, and the test split's pooled
-    AUROC and accuracy before training and after each arm (``before``: headline metrics; ``records``: one per
-    arm, with ``method``, ``after`` (headline metrics) and ``history`` (CalibrationCallback's))."""
-    fig = new_figure(2 * 4.6, 3.8)
-    curves, bars = fig.subplots(1, 2)
-    for r in records:
-        steps = [h["step"] for h in r["history"]]
-        curves.plot(steps, [h.get("val/auroc", math.nan) for h in r["history"]], marker="o", label=r["method"])
-    curves.set(xlabel="step", ylabel="pooled AUROC", title="validation: pooled AUROC over steps")
-    curves.grid(alpha=0.3)
-    curves.legend(fontsize="small")
+# The demo's panels: each a test endpoint, higher is better in each.
+DEMO_PANELS = (("auroc", "pooled AUROC"), ("auroc_question", "per-question AUROC"), ("accuracy", "accuracy"))
+
+
+def demo_figure(before: dict, records: list[dict], path, title: str, study: dict | None = None,
+                run_label: str = "this run") -> Path:
+    """``capo-trl demo``'s picture (:func:`draw_demo`), written to ``path``."""
+    return _save(draw_demo(before, records, title, study, run_label), path)
+
+
+def draw_demo(before: dict, records: list[dict], title: str, study: dict | None = None, run_label: str = "this run"):
+    """One panel per :data:`DEMO_PANELS` endpoint on the test split, each marked "higher is better": the start
+    model and each arm of this run (stars, with their values) beside the committed study's seeds (dots), their
+    mean and 95% t interval (bars), so one seed's noise reads as such.
+
+    ``before``: the start model's headline metrics; ``records``: one per arm, with ``method`` and ``after``;
+    ``study``: ``label``, ``start`` (metric -> value: one evaluation) and ``arms`` (method -> metric -> ``values``
+    per seed, ``mean``, ``low``, ``high``), or None (no committed study to draw: said on the picture).
+    """
+    fig = new_figure(3 * 4.2, 4.6)
+    axes = fig.subplots(1, len(DEMO_PANELS))
     names = ["start"] + [r["method"] for r in records]
-    values = [before] + [r["after"] for r in records]
-    x = np.arange(len(names))
-    for offset, key, label in ((-0.2, "auroc", "pooled AUROC"), (0.2, "accuracy", "accuracy")):
-        drawn = bars.bar(x + offset, [v[key] for v in values], 0.4, label=label)
-        bars.bar_label(drawn, fmt="%.3f", fontsize="x-small")
-    bars.set_xticks(x, names, fontsize="small")
-    bars.set(ylim=(0, 1.18), title="test split: before and after")
-    bars.grid(alpha=0.3, axis="y")
-    bars.legend(fontsize="small", loc="upper center", ncol=2)
-    fig.suptitle(title)
-    return _save(fig, path)
+    ours = [before] + [r["after"] for r in records]
+    theirs = [study["start"] if study else None] + [(study or {}).get("arms", {}).get(r["method"]) for r in records]
+    colors = ["0.45"] + [f"C{i}" for i in range(len(records))]
+    for ax, (key, name) in zip(axes, DEMO_PANELS):
+        for x, (mine, committed, color) in enumerate(zip(ours, theirs, colors)):
+            if committed is not None and isinstance(committed.get(key), dict):  # an arm: its seeds
+                c = committed[key]
+                ax.scatter(x - 0.18 + np.linspace(-0.07, 0.07, len(c["values"])), c["values"], s=14, color="0.6",
+                           label="study: one dot per seed")
+                ax.errorbar(x - 0.18, c["mean"], yerr=[[c["mean"] - c["low"]], [c["high"] - c["mean"]]], fmt="o",
+                            color="black", capsize=5, markersize=5, label="study: mean, 95% t interval")
+            elif committed is not None:  # the start model: one evaluation, no seeds
+                ax.scatter(x - 0.18, committed[key], marker="D", s=30, color="black", label="study: start model")
+            value = mine.get(key)
+            if value is not None and not math.isnan(value):
+                ax.scatter(x + 0.18, value, marker="*", s=220, color=color, edgecolor="black", linewidth=0.6,
+                           zorder=3, label=run_label)
+                ax.annotate(f"{value:.3f}", (x + 0.18, value), xytext=(7, -3), textcoords="offset points",
+                            fontsize="x-small")
+        ax.set_xticks(range(len(names)), names, fontsize="small")
+        ax.set_xlim(-0.6, len(names) - 0.4)
+        ax.set(ylabel=f"{name}  (\u2191 higher is better)", title=f"test split: {name}")
+        ax.grid(alpha=0.3, axis="y")
+    handles = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    order = sorted(handles, key=lambda label: (label != run_label, label))  # this run first, then the study's marks
+    fig.legend([handles[k] for k in order], order, loc="outside lower center", ncol=len(order), fontsize="small")
+    fig.suptitle(title + "\n" + (f"against the {study['label']}" if study else
+                                 "no committed study of this task and start model to draw it against"),
+                 fontsize="medium")
+    return fig
 
 
 # ------------------------------------------------------------------------------------ during training
@@ -163,6 +194,6 @@ def precision_coverage_by_method(curves: dict, path) -> Path:
     return _save(fig, path)
 
 
-__all__ = ["calibration_history", "demo_figure", "new_figure", "precision_coverage", "precision_coverage_by_method", "reliability",
+__all__ = ["DEMO_PANELS", "calibration_history", "demo_figure", "draw_demo", "new_figure", "precision_coverage", "precision_coverage_by_method", "reliability",
            "reliability_before_after",
            "validation_curves"]

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
+import json
+import math
+import os
 import sys
 import tempfile
 import textwrap
@@ -15,8 +19,10 @@ from functools import partial
 from pathlib import Path
 
 from . import runs
+from ..evaluation.plots import DEMO_PANELS
 from .driver import Study, run_study
-from .evidence import REAL_RESULT, REAL_STUDY_FOLDER, STUDY_RESULTS, real_words, study_words
+from .evidence import REAL_RESULT, REAL_STUDY_FOLDER, STUDY_OF_TASK, STUDY_RESULTS, real_words, study_words
+from .paired import paired_interval
 from .presets import Budget, check_budget, check_methods, parse_methods
 from .runs import HEADLINE, START, headline
 
@@ -89,6 +95,84 @@ def _rate(value: float) -> str:
     return f"{value:g}" if value >= 1e-3 else f"{value:.0e}".replace("e-0", "e-")
 
 
+# ------------------------------------------------------------------------------------ the committed study
+# The committed studies' run files, in a source checkout (an installed wheel has no docs/): the seeds the demo's one
+# run is read against, in its printout and its picture.
+RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results"
+SHOWN = dict(DEMO_PANELS)  # each endpoint the demo sets against the study: higher is better in each
+CPU_VARIATION = (
+    "These numbers are one run of one seed, and not the same on every machine: the same command and seed give "
+    "other numbers on another kind of CPU or another torch build (float rounding differs, and the sampled answers "
+    "part ways from there); no committed file measures by how much. Read them against the committed study's seeds, "
+    "not against another machine's run or docs/demo.png.")
+
+
+def _same_method(a: dict, b: dict) -> bool:
+    """Two presets train alike: equal but for skip_zero_advantage_rows, which leaves every update unchanged."""
+    drop = "skip_zero_advantage_rows"
+    return {k: v for k, v in a.items() if k != drop} == {k: v for k, v in b.items() if k != drop}
+
+
+def committed_study(budget: Budget, methods: list, results: Path = RESULTS) -> dict | None:
+    """The committed pre-registered study of the demo's task, read from its run files: for each demo arm
+    (``methods``: parsed ``[(label, overrides)]``) that one of its arms trained, every :data:`SHOWN` endpoint on
+    each seed of the look that ended it, with their mean and 95% t interval; its start model's; its budget. None
+    where no study ran this task from its own start model, or its files are not here (an installed package)."""
+    name = STUDY_OF_TASK.get(budget.task)
+    folder = Path(results) / name if name else None
+    if folder is None or budget.model is not None or budget.grader_noise or not (folder / "config.json").is_file():
+        return None
+    from .confirmatory import PLANS, analyse, load
+
+    plan = PLANS[name]
+    config, runs = load(folder, plan)
+    look = analyse(folder, plan, (config, runs))["look"]
+    if look is None or not look["stop"]:
+        return None
+    seeds, arms = look["seeds"], {}
+    for label, overrides in methods:
+        arm = next((arm for arm, method in plan.arms.items() if _same_method(overrides, parse_methods(method)[0][1])),
+                   None)
+        if arm is not None:
+            arms[label] = {"arm": arm, **{key: _spread([runs[arm][s][key] for s in seeds]) for key in SHOWN}}
+    start = json.loads((folder / "start.json").read_text())
+    return {"folder": f"docs/results/{name}/", "seeds": len(seeds), "steps": config["steps"],
+            "test_problems": config["test_problems"], "start": {key: start[key] for key in SHOWN}, "arms": arms}
+
+
+def _spread(values: list) -> dict:
+    mean, low, high = paired_interval(values, 0.95)
+    return {"values": values, "mean": mean, "low": low, "high": high}
+
+
+def against_study(before: dict, records: list[dict], study: dict | None, budget: Budget) -> str:
+    """This run's test numbers beside the committed study's seeds, endpoint by endpoint (higher is better)."""
+    if study is None:
+        name = STUDY_OF_TASK.get(budget.task)
+        if name and budget.model is None and not budget.grader_noise:
+            return (f"The committed study's run files (docs/results/{name}/) are not in this installation, so this "
+                    "run is not drawn against its seeds; a source checkout has them.")
+        return ""
+    width = max(len(START), *(len(r["method"]) for r in records))
+    lines = [f"This run against the committed study's {study['seeds']} seeds ({study['folder']}: {study['steps']} "
+             f"steps each,\ntest split {study['test_problems']} problems x 8); higher is better in each:"]
+    for key, name in SHOWN.items():
+        lines.append(f"  {name}: this run | study mean [95% t interval] (lowest to highest seed)")
+        lines.append(f"    {START:<{width}} {_value(before[key])} | {study['start'][key]:.3f} (one evaluation)")
+        for r in records:
+            s = study["arms"].get(r["method"])
+            said = ("no arm of the study trained this method" if s is None else
+                    f"{s[key]['mean']:.3f} [{s[key]['low']:.3f}, {s[key]['high']:.3f}] ({min(s[key]['values']):.3f} "
+                    f"to {max(s[key]['values']):.3f}; the study's {s['arm']})")
+            lines.append(f"    {r['method']:<{width}} {_value(r['after'][key])} | {said}")
+    return "\n".join(lines)
+
+
+def _value(v) -> str:
+    return "  nan" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"
+
+
+# ------------------------------------------------------------------------------------ the arms and their bars
 def _step_file(progress_dir: str, label: str) -> Path:
     return Path(progress_dir) / (label.replace("/", "_") + ".step")
 
@@ -123,35 +207,32 @@ def train_and_test(budget: Budget, progress_dir: str | None, label: str, overrid
             "mean_tokens": after.metrics.get("mean_tokens"), "seconds": time.time() - started}
 
 
-class _AboveTheBars:
-    """stdout while the bars are drawn: each line is written above them (tqdm.write), not through them."""
-
-    def __init__(self, out):
-        self.out = out
-
-    def write(self, text: str) -> int:
-        from tqdm import tqdm
-
-        if text.strip():
-            tqdm.write(text.rstrip("\n"), file=self.out)
-        return len(text)
-
-    def flush(self) -> None:
-        self.out.flush()
-
-
 @contextlib.contextmanager
 def _arm_bars(labels: list[str], steps: int, progress_dir: str, enabled: bool, every: float = 0.5):
-    """One progress bar per arm (its training steps, then its test), redrawn from the arms' step files."""
+    """One progress bar per arm (its training steps, then its test), redrawn from the arms' step files.
+
+    Yields ``done(label, text)``, which shows ``text`` on that arm's bar and returns it. While the bars are drawn,
+    what is printed (the finished-run lines) is held, and written once they have closed: no line cuts through a bar.
+    """
     if not enabled:
-        yield
+        yield lambda label, text: text
         return
     from tqdm import tqdm
 
     width = max(len(label) for label in labels)
     bars = {label: tqdm(total=steps, desc=f"{label:<{width}} training", position=i, unit="step", leave=True,
                         dynamic_ncols=True) for i, label in enumerate(labels)}
+    finished: dict = {}
     stop = threading.Event()
+
+    def describe(label):
+        text = finished.get(label) or ("trained, testing" if bars[label].n >= steps else "training")
+        bars[label].set_description(f"{label:<{width}} {text}")
+
+    def done(label, text):
+        finished[label] = text
+        describe(label)
+        return text
 
     def refresh():
         for label, bar in bars.items():
@@ -161,8 +242,7 @@ def _arm_bars(labels: list[str], steps: int, progress_dir: str, enabled: bool, e
                 continue
             if step > bar.n:
                 bar.update(step - bar.n)
-                if step >= steps:
-                    bar.set_description(f"{label:<{width}} trained, testing")
+                describe(label)
 
     def redraw():
         while not stop.wait(every):
@@ -174,9 +254,10 @@ def _arm_bars(labels: list[str], steps: int, progress_dir: str, enabled: bool, e
     transformers.utils.logging.disable_progress_bar()  # the start model's "Loading weights" would cut through them
     watcher = threading.Thread(target=redraw, daemon=True)
     watcher.start()
+    held = io.StringIO()
     try:
-        with contextlib.redirect_stdout(_AboveTheBars(sys.stdout)):
-            yield
+        with contextlib.redirect_stdout(held):
+            yield done
     finally:
         if loading_bars:
             transformers.utils.logging.enable_progress_bar()
@@ -185,6 +266,8 @@ def _arm_bars(labels: list[str], steps: int, progress_dir: str, enabled: bool, e
         refresh()  # the last steps, had the arms finished between two reads
         for bar in bars.values():
             bar.close()
+        sys.stdout.write(held.getvalue())
+        sys.stdout.flush()
 
 
 def _table(before: dict, records: list[dict]) -> str:
@@ -209,9 +292,9 @@ def demo(budget: Budget | None = None, methods: str = DEMO_METHODS, plot: str | 
          seed: int = 0) -> dict:
     """GRPO and CAPO (``methods``) trained side by side, one process each, on an embedded task (default
     :data:`DEMO_TASK`); accuracy and calibration of the start model and of each, the validation AUROC over steps,
-    and what the committed studies found on that task (CPU, minutes).
+    this run against the committed study's seeds on that task, and what that study found (CPU, minutes).
 
-    ``plot``: where to write the PNG (pooled AUROC over steps; the test split before and after); None: none.
+    ``plot``: where to write the PNG (each test endpoint, this run against the committed study's seeds); None: none.
     The methods and the budget are checked first (a UsageError naming ``--methods`` or the budget flag),
     so a typo fails at once, not after the first evaluation. The start model is evaluated while the arms train,
     each arm's progress drawn as a bar (``budget.progress``).
@@ -220,34 +303,51 @@ def demo(budget: Budget | None = None, methods: str = DEMO_METHODS, plot: str | 
     parsed = parse_methods(methods, flag="--methods")
     check_budget(budget)
     check_methods(parsed, budget, flag="--methods")
+    started, load = time.time(), os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     with tempfile.TemporaryDirectory() as tmp:  # nothing is saved: the demo only reports
         index = {label: i for i, (label, _) in enumerate(parsed)}
         progress_dir = tmp if budget.progress else None
-        study = Study(parsed, [seed], path=lambda label, _: Path(tmp) / f"{index[label]}.json",
-                      run=partial(train_and_test, budget, progress_dir),
-                      describe=lambda r: f"trained and tested in {r['seconds']:.0f} s",
-                      rerun="The demo saves nothing: rerun it to train every arm again.")
         print(f"training {', '.join(label for label, _ in parsed)} side by side on {budget.task}, one process each "
               f"({budget.steps} steps, seed {seed}); evaluating the start model meanwhile", flush=True)
         labels = [label for label, _ in parsed]
-        with _arm_bars(labels, budget.steps, tmp, budget.progress), ThreadPoolExecutor(1) as pool:
+        with _arm_bars(labels, budget.steps, tmp, budget.progress) as done, ThreadPoolExecutor(1) as pool:
+            study = Study(parsed, [seed], path=lambda label, _: Path(tmp) / f"{index[label]}.json",
+                          run=partial(train_and_test, budget, progress_dir),
+                          describe=lambda r: done(r["method"], f"trained and tested in {r['seconds']:.0f} s"),
+                          rerun="The demo saves nothing: rerun it to train every arm again.")
             arms = pool.submit(run_study, study, len(parsed))
             start_budget = dataclasses.replace(budget, progress=False)  # its bars would run through the arms'
             before = headline(runs.evaluate_start(start_budget).metrics, budget.test_samples)
             records = list(arms.result().values())
-    print(f"\n{', '.join(r['method'] for r in records)} side by side on the embedded task {budget.task}: "
-          f"{budget.steps} RL steps each at learning rate {_rate(budget.learning_rate)}, seed {seed}; test split "
-          f"{budget.test_problems} problems x {budget.test_samples} samples")
+    seconds = time.time() - started
+    cores = f"{os.cpu_count()} CPU cores" + (f", load average {load:.1f} at its start" if load is not None else "")
+    print("\n" + textwrap.fill(
+        f"{', '.join(r['method'] for r in records)} side by side on the embedded task {budget.task}: {budget.steps} "
+        f"RL steps each at learning rate {_rate(budget.learning_rate)}, seed {seed}; test split "
+        f"{budget.test_problems} problems x {budget.test_samples} samples; {seconds:.0f} s of wall time here "
+        f"({cores})", width=110, break_on_hyphens=False))
     print(_table(before, records))
+    print(textwrap.fill(CPU_VARIATION, width=110, break_on_hyphens=False))
     print()
     print(_curves(records, budget))
+    committed = committed_study(budget, parsed)
+    compared = against_study(before, records, committed, budget)
+    if compared:
+        print("\n" + compared)
     print(evidence(budget))
     if plot is not None:
         from ..evaluation.plots import demo_figure
 
-        path = demo_figure(before, records, plot, f"{budget.task}, {budget.steps} RL steps, seed {seed}")
+        title = (f"{budget.task}: this run ({budget.steps} RL steps at learning rate {_rate(budget.learning_rate)}, "
+                 f"seed {seed}; test {budget.test_problems} problems x {budget.test_samples})")
+        drawn = None if committed is None else {
+            "label": (f"committed study, {committed['seeds']} seeds of {committed['steps']} steps "
+                      f"({committed['folder']}; test {committed['test_problems']} x 8)"),
+            "start": committed["start"], "arms": committed["arms"]}
+        path = demo_figure(before, records, plot, title, drawn, run_label=f"this run (seed {seed})")
         print(f"\nwrote {path}")
-    return {"before": before, **{r["method"]: r for r in records}}
+    return {"before": before, "study": committed, **{r["method"]: r for r in records}}
 
 
-__all__ = ["DEMO_BUDGETS", "DEMO_TASK", "STUDY_RESULTS", "demo", "demo_budget", "evidence", "train_and_test"]
+__all__ = ["CPU_VARIATION", "DEMO_BUDGETS", "DEMO_TASK", "STUDY_RESULTS", "against_study", "committed_study", "demo",
+           "demo_budget", "evidence", "train_and_test"]
