@@ -29,35 +29,12 @@ import datetime
 import json
 import math
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .paired import holm, paired_test
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What a protocol fixes before its first run: arms (name -> method label, the first the reference), the
-    primary contrast, the looks (complete seeds, two-sided alpha), the ordered secondaries and the safety rules."""
-
-    arms: dict
-    primary: tuple  # (endpoint, arm, minus arm)
-    looks: tuple  # ((complete seeds, alpha), ...); the last is the final look
-    secondaries: tuple  # ((endpoint, arm, minus arm), ...), one Holm family
-    deadline: str
-    family_alpha: float = 0.05
-    safety: tuple = ("accuracy",)
-    collapse_tokens: float = 36.0  # a run whose mean completion length on the test split is at least this ...
-    min_finished: float = 0.0  # ... or whose share of samples that ended (EOS) within the limit is below this
-    descriptive: tuple = ("e_aurc", "ece", "auroc_question", "coverage@0.8", "derivable/accuracy",
-                          "guessable/accuracy", "derivable/mean_score", "guessable/mean_score")
-    undefined_auroc: float | None = None  # what an undefined AUROC (one class only) counts as; None: refused
-
-    @property
-    def max_seeds(self) -> int:
-        return self.looks[-1][0]
+from .study import Plan
 
 
 _FIXED = "ref_thresholds=fixed:ref_high=1.0336:ref_low=1.0563"
