@@ -16,7 +16,7 @@ from pathlib import Path
 
 from . import runs
 from .driver import Study, run_study
-from .evidence import REAL_RESULT, REAL_STUDY_FOLDER, STUDY_RESULTS, real_words, study_words
+from .evidence import REAL_RESULT, STUDY_RESULTS, real_words, study_words
 from .presets import Budget, check_budget, check_methods, parse_methods
 from .runs import HEADLINE, START, headline
 
@@ -61,7 +61,7 @@ def demo_budget(task: str = DEMO_TASK, **fields) -> Budget:
 def evidence(budget: Budget) -> str:
     """What the committed studies say about the task the demo ran, how far its one run can speak to it, and what
     the real model's study found (another model and task: said apart)."""
-    return (_tiny_evidence(budget) + f"\nOn a real model, not this demo's (docs/results/{REAL_STUDY_FOLDER}/):\n"
+    return (_tiny_evidence(budget) + "\nOn a real model, not this demo's (docs/results/smollm2-study/):\n"
             + real_words(REAL_RESULT))
 
 
