@@ -1,14 +1,16 @@
 """The real model's blocks (SmolLM2-135M-Instruct, dequantised Q4_1: docs/results/smollm2-*/), rendered from its
-committed files; scripts/results_tables.py puts them in the pages (``REAL_RENDER``)."""
+committed files and each study's ``study.yaml`` (its arms, seeds, rules); scripts/results_tables.py puts them in the
+pages (``REAL_RENDER``)."""
 
 from __future__ import annotations
 
 import functools
 import json
-from pathlib import Path
 
-import real_lr
-from results_common import RESULTS, summary, table
+from results_common import RESULTS, study, summary, table
+
+REAL_STUDY = "smollm2-study"  # the real model's first confirmatory study, the one the README and the demo cite
+REAL_LR_STUDY = "smollm2-lr-study"  # its second, at learning rate 3e-4
 
 
 @functools.cache
@@ -16,7 +18,7 @@ def real_result() -> dict:
     """The real model's study as capo_trl.harness.evidence.measure_real gives it (once per run of this script)."""
     from capo_trl.harness import evidence
 
-    return evidence.measure_real(RESULTS / evidence.REAL_STUDY_FOLDER)
+    return evidence.measure_real(study(REAL_STUDY))
 
 
 def render_real_words() -> str:
@@ -31,12 +33,13 @@ def render_real_lr_words() -> str:
     """The real model's second study in words (capo_trl.harness.evidence.real_lr_words): before its look that no
     result exists, every pre-registered endpoint after it, from its committed files."""
     from capo_trl.harness import evidence
-    from capo_trl.harness.confirmatory import REAL_LR_STUDY
 
-    return evidence.real_lr_words(evidence.measure_real(RESULTS / evidence.REAL_LR_STUDY_FOLDER, REAL_LR_STUDY))
+    return evidence.real_lr_words(evidence.measure_real(study(REAL_LR_STUDY)))
 
 
-REAL_START = {"addition": "two-digit addition", "addition-guess-half": "addition, half the items hiding an operand"}
+# The start's tasks, in its study.yaml's order, and how its page names them.
+TASK_WORDS = {"addition": "two-digit addition", "addition-guess-half": "addition, half the items hiding an operand"}
+REAL_START = {task: TASK_WORDS[task] for task in study("smollm2-start").arms}
 
 
 def render_real_start() -> str:
@@ -100,22 +103,21 @@ def render_real_truncation() -> str:
                   "CAPO, `truncated_pairs: tied`: unfinished total per mixed group"], body)
 
 
-SWEEP = RESULTS / "smollm2-sweep"
-
-
 def render_real_sweep() -> str:
-    """The real model's exploratory sweep, one row per arm (smollm2-sweep/<arm>.json, scripts/real_sweep.py);
-    the criterion of its protocol: validation accuracy +0.10 from step 0 to step 100, mean length < 30 at 100."""
-    body = []
-    for path in sorted(SWEEP.glob("S*.json")):
+    """The real model's exploratory sweep, one row per arm that ran (its study.yaml's records, smollm2-sweep/<arm>.json,
+    collected from each run's trainer state); the criterion of its protocol, read at the study's steps (100):
+    validation accuracy +0.10 from step 0, mean training length < 30 tokens there."""
+    sweep, body = study("smollm2-sweep"), []
+    at = sweep.steps
+    for path in (p for arm in sweep.arms if (p := sweep.record_path(arm, sweep.seeds[0])).is_file()):
         m = json.loads(path.read_text())
         val = {v["step"]: v for v in m["validation"]}
         first, last = val[min(val)], val[max(val)]
-        length = next((r["completions/mean_length"] for r in m["train"] if r["step"] == 100), None)
+        length = next((r["completions/mean_length"] for r in m["train"] if r["step"] == at), None)
         acc = lambda v: f"{v['val/mean@4']:.3f} [{v['val/mean@4_ci_low']:.3f}, {v['val/mean@4_ci_high']:.3f}]"  # noqa: E731
         num = lambda x: "undefined" if x is None else f"{x:.3f}"  # noqa: E731  (AUROC with no right answer)
-        met = (100 in val and length is not None
-               and val[100]["val/mean@4"] - first["val/mean@4"] >= 0.10 and length < 30)
+        met = (at in val and length is not None
+               and val[at]["val/mean@4"] - first["val/mean@4"] >= 0.10 and length < 30)
         minutes = f"{sum(m['wall_s']) / 60:.0f}" if m["wall_s"] else "running"
         body.append([m["arm"], f"{m['learning_rate']:g}", m["layers"], str(m["global_step"]),
                      " / ".join(acc(val[s]) for s in sorted(val)), f"{num(first['val/auroc'])} / {num(last['val/auroc'])}",
@@ -126,41 +128,43 @@ def render_real_sweep() -> str:
                   "wall minutes"], body)
 
 
-PILOT = RESULTS / "smollm2-pilot"
+SECOND = "auroc_question_falls"  # the pilots' second verdict (per-question AUROC), a check of their criterion
 
 
-def render_real_pilot(folder: Path = PILOT) -> str:
-    """A real model's pilot (<folder>/<task>-seed<k>.json, verdict.json; scripts/real_pilot.py): per task, the
-    start and each GRPO seed on the test split, and each seed's checks of the pre-registered criterion."""
-    verdict = json.loads((folder / "verdict.json").read_text())
+def render_real_pilot(name: str = "smollm2-pilot") -> str:
+    """A real model's pilot (one GRPO arm per task; its study.yaml's records and criterion): per task, the start and
+    each GRPO seed on the test split, each seed's checks of the pre-registered criterion, and its verdict."""
+    from capo_trl.harness import criterion, study_report
+
+    pilot = study(name)
+    rule, result, runs = pilot.criterion, study_report.checks(pilot), study_report.records(pilot)
     body = []
-    for task, v in verdict.items():
-        runs = [("start", v["start"], None)] + [(f"GRPO seed {s}", json.loads((folder / f"{task}-seed{s}.json").read_text()),
-                                                 v["per_seed"][str(s)]) for s in v["seeds_done"]]
-        for label, m, checks in runs:
+    for task in pilot.arms:
+        start = criterion.start_record(pilot.folder, rule["start"], pilot.arm_task(task))
+        done = result["runs"][task]
+        for label, m, checks in [("start", start, None)] + [(f"GRPO seed {s}", runs[task][s], done[s]) for s in done]:
             guess = f"{m['guessable/accuracy']:.3f} / {m['guessable/modal_share']:.3f}" if "guessable/accuracy" in m else "-"
-            failed = [] if checks is None else [k for k in ("accuracy_rises", "auroc_falls", "no_collapse")
-                                                 if not checks[k]]
+            failed = [] if checks is None else [k for k in rule["required"] if not checks[k]]
             met = "-" if checks is None else "yes" if checks["required_met"] else f"no ({', '.join(failed)})"
-            per_q = "-" if checks is None else "yes" if checks["auroc_question_falls"] else "no"
+            per_q = "-" if checks is None else "yes" if checks[SECOND] else "no"
             body.append([f"`{task}`", label, f"{m['accuracy']:.3f} [{m['accuracy_ci'][0]:.3f}, {m['accuracy_ci'][1]:.3f}]",
                          f"{m['auroc']:.3f}", f"{m['auroc_question']:.3f}", f"{m['ece']:.3f}", f"{m['e_aurc']:.3f}",
                          f"{m['mean_tokens']:.1f}", f"{m['finished_frac']:.3f}", guess, met, per_q])
-        seeds = len(v["seeds_done"])
-        verdict_text = ("**test bed**" if v["test_bed"] else "**not a test bed**") if v["complete"] else \
-            f"open ({seeds} of 3 seeds)"
+        verdict_text = ("**test bed**" if result["meets"][task] else "**not a test bed**") if result["complete"][task] \
+            else f"open ({len(done)} of {len(pilot.seeds)} seeds)"
         body.append([f"`{task}`", "verdict", verdict_text, "", "", "", "", "", "", "", "", ""])
+    fell = abs(rule["checks"][SECOND]["change"])
     return table(["task", "model", "accuracy [95% CI]", "pooled AUROC", "per-question AUROC", "ECE", "E-AURC",
                   "mean tokens", "finished", "guessable accuracy / modal share", "criterion met (failed checks)",
-                  "per-question AUROC fell >= 0.03"], body)
+                  f"per-question AUROC fell >= {fell:g}"], body)
 
 
-def render_real_study(name: str = "smollm2-study") -> str:
-    """One of the real model's confirmatory studies: its protocol's analysis of its committed run files."""
-    from capo_trl.harness import confirmatory
+def render_real_study(name: str = REAL_STUDY) -> str:
+    """One of the real model's confirmatory studies: the analysis its study.yaml fixes, of its committed records."""
+    from capo_trl.harness import confirmatory, study_report
 
-    plan = confirmatory.PLANS[name]
-    return confirmatory.render(confirmatory.analyse(RESULTS / name, plan), plan)
+    found = study(name)
+    return confirmatory.render(study_report.analysis(found), found.plan)
 
 
 def all_truncated_from(train: list[dict]) -> dict | None:
@@ -176,13 +180,13 @@ def all_truncated_from(train: list[dict]) -> dict | None:
             "gradient_after": any(x["grad_norm"] > 0 for x in after)}
 
 
-def render_real_stuck(name: str = "smollm2-study") -> str:
+def render_real_stuck(name: str = REAL_STUDY) -> str:
     """Exploratory, from a finished study's training logs (its records' ``train``): per arm, the runs that logged a
     window of only truncated completions, when, and whether they trained again; then the same in words."""
-    from capo_trl.harness import confirmatory
+    from capo_trl.harness import confirmatory, study_report
 
-    plan = confirmatory.PLANS[name]
-    _, runs = confirmatory.load(RESULTS / name, plan)
+    found = study(name)
+    plan, runs = found.plan, study_report.records(found)
     body, stuck, after = [], {}, []
     for arm, by_seed in runs.items():
         recs = list(by_seed.values())
@@ -212,17 +216,19 @@ def render_real_stuck(name: str = "smollm2-study") -> str:
 
 
 def render_real_tied() -> str:
-    """The exploratory pilot of truncated_pairs: tied: collapse per seed next to the study's capo-nomask and grpo
-    runs of that seed (smollm2-tied/summary.json, written by `real_tied.py summary`: the study's collapse rule, so
-    the study's own commits never make this page stale), and this arm's endpoints (smollm2-tied/seed<k>.json)."""
-    folder = RESULTS / "smollm2-tied"
-    done = json.loads((folder / "summary.json").read_text())["collapsed"] if (folder / "summary.json").is_file() else {}
+    """The exploratory pilot of truncated_pairs: tied (its study.yaml: one arm of its own, the study's capo-nomask and
+    grpo reused): collapse per seed by its file's rule (the study's), its arm's next to the study's runs of that seed,
+    and its own arm's endpoints."""
+    from capo_trl.harness import confirmatory
+
+    tied = study("smollm2-tied")
     word = {True: "collapsed", False: "no", None: "not run yet"}
     body = []
-    for seed in (100, 101, 102):
-        path = folder / f"seed{seed}.json"
-        row = [str(seed)] + [word[done.get(str(seed), {}).get(arm)]
-                             for arm in ("capo-nomask-tied", "capo-nomask", "grpo")]
+    for seed in tied.seeds:
+        paths = {arm: tied.record_path(arm, seed) for arm in tied.arms}
+        row = [str(seed)] + [word[confirmatory.collapsed(json.loads(p.read_text()), tied.plan) if p.is_file() else None]
+                             for p in paths.values()]
+        path = paths[tied.own_arms()[0]]
         if path.is_file():
             r = json.loads(path.read_text())
             num = lambda v, d=3: "undefined" if v is None else f"{v:.{d}f}"  # noqa: E731
@@ -237,19 +243,30 @@ def render_real_tied() -> str:
                   "mean tokens", "highest clipped ratio in training"], body)
 
 
-def render_real_lr() -> str:
-    """The learning-rate pilot (smollm2-lr/): per arm and seed the protocol's checks (scripts/real_lr.py's
-    ``summary``, from the records) and the test endpoints; then the decisions, once all six runs are in."""
-    result = real_lr.summary()
+COUNT = dict(enumerate(("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+                         "twelve")))
+# A pilot's decisions (its study.yaml's criterion) as its page words them.
+DECISION_WORDS = {"candidate": "3e-4 a candidate setting for a second study",
+                  "recipe_learning_rate": "the CAPO SmolLM2 recipe's learning rate becomes 3e-4"}
+
+
+def render_real_lr(name: str = "smollm2-lr") -> str:
+    """The learning-rate pilot: per arm and seed the checks its study.yaml's criterion fixes (against the start model
+    it names) and the test endpoints; then the decisions, once every run is in."""
+    from capo_trl.harness import criterion, study_report
+
+    pilot = study(name)
+    result, runs = study_report.checks(pilot), study_report.records(pilot)
+    grpo, capo = list(pilot.arms)
     word = {True: "yes", False: "no"}
     body = []
-    for seed in real_lr.SEEDS:
-        for arm in real_lr.ARMS:
-            c, path = result["runs"][arm][seed], real_lr.OUT / arm / f"seed{seed}.json"
+    for seed in pilot.seeds:
+        for arm in pilot.arms:
+            c = result["runs"][arm].get(seed)
             if c is None:
                 body.append([str(seed), f"`{arm}`", "not run yet"] + ["-"] * 10)
                 continue
-            r = json.loads(path.read_text())
+            r = runs[arm][seed]
             num = lambda v, d=3: "undefined" if v is None else f"{v:.{d}f}"  # noqa: E731
             body.append([str(seed), f"`{arm}`", word[c["collapsed"]], word[c["loses_calibration"]], word[c["trains"]],
                          num(r["accuracy"]), num(r["auroc"]), num(r["auroc_question"]), num(r["ece"]),
@@ -258,28 +275,26 @@ def render_real_lr() -> str:
     out = table(["seed", "arm", "collapsed", "loses calibration (the pilots' criterion)", "trains (accuracy +0.02, "
                  "no collapse)", "accuracy", "pooled AUROC", "per-question AUROC", "ECE", "E-AURC", "finished",
                  "mean tokens", "highest clipped ratio in training"], body)
-    start = json.loads(real_lr.START.read_text())
-    out += (f"\nStart model (`../smollm2-study/start.json`): accuracy {start['accuracy']:.3f}, pooled AUROC "
+    start = criterion.start_record(pilot.folder, pilot.criterion["start"], pilot.task)
+    out += (f"\nStart model (`{pilot.criterion['start']}`): accuracy {start['accuracy']:.3f}, pooled AUROC "
             f"{start['auroc']:.3f}.\n")
     d = result["decided"]
     if d is None:
-        return out + "Decisions: not yet (they are taken when all six runs are in).\n"
-    auroc = {arm: [json.loads((real_lr.OUT / arm / f"seed{s}.json").read_text())["auroc"] for s in real_lr.SEEDS]
-             for arm in real_lr.ARMS}
-    side = ", ".join(f"{s} {c - g:+.3f}" for s, g, c in zip(real_lr.SEEDS, auroc[real_lr.GRPO], auroc[real_lr.CAPO]))
-    return out + (f"Decisions (the protocol's): 3e-4 a candidate setting for a second study: {word[d['candidate']]}; "
-                  f"the CAPO SmolLM2 recipe's learning rate becomes 3e-4: "
-                  f"{word[d['recipe_learning_rate'] is not None]}.\n\nSide by side, as the protocol allows (exploratory: "
-                  f"three seeds, no interval, no test): pooled AUROC at the end, `{real_lr.CAPO}` minus "
-                  f"`{real_lr.GRPO}`, by seed: {side}.\n")
+        total = COUNT.get(len(pilot.arms) * len(pilot.seeds), len(pilot.arms) * len(pilot.seeds))
+        return out + f"Decisions: not yet (they are taken when all {total} runs are in).\n"
+    side = ", ".join(f"{s} {runs[capo][s]['auroc'] - runs[grpo][s]['auroc']:+.3f}" for s in pilot.seeds)
+    decided = "; ".join(f"{DECISION_WORDS.get(name, name)}: {word[value]}" for name, value in d.items())
+    return out + (f"Decisions (the protocol's): {decided}.\n\nSide by side, as the protocol allows (exploratory: "
+                  f"{COUNT.get(len(pilot.seeds), len(pilot.seeds))} seeds, no interval, no test): pooled AUROC at the "
+                  f"end, `{capo}` minus `{grpo}`, by seed: {side}.\n")
 
 
 REAL_RENDER = {"smollm2-start": render_real_start, "smollm2-start-mask": render_real_mask,
                "smollm2-calibrate-mask": render_real_calibrate, "smollm2-start-truncation": render_real_truncation,
                "smollm2-sweep": render_real_sweep, "smollm2-pilot": render_real_pilot,
-               "smollm2-pilot2": lambda: render_real_pilot(RESULTS / "smollm2-pilot2"),
+               "smollm2-pilot2": lambda: render_real_pilot("smollm2-pilot2"),
                "smollm2-study": render_real_study, "smollm2-study-words": render_real_words,
                "smollm2-study-stuck": render_real_stuck,
                "smollm2-tied": render_real_tied, "smollm2-lr": render_real_lr,
-               "smollm2-lr-study": lambda: render_real_study("smollm2-lr-study"),
+               "smollm2-lr-study": lambda: render_real_study(REAL_LR_STUDY),
                "smollm2-lr-study-words": render_real_lr_words}

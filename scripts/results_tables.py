@@ -15,16 +15,13 @@ index (docs/results/README.md) and the other pages hold tables of settings, not 
 from __future__ import annotations
 
 import csv
-import functools
-import json
 import re
 import statistics
 import sys
 import textwrap
-from pathlib import Path
 
-from results_common import RESULTS, ROOT, summary, table
-from results_real import REAL_RENDER, real_result
+from results_common import RESULTS, ROOT, study, summary, table
+from results_real import REAL_RENDER, REAL_STUDY, real_result
 
 from capo_trl.harness.paired import holm, paired_test, t_power
 
@@ -177,32 +174,35 @@ def render_confidence() -> str:
     return "".join(line + "\n" for line in text.splitlines() if line.startswith("|"))
 
 
-def _testbed_scripts():
-    """The test-bed drivers (``capo_trl.harness``), imported only when a test-bed table is rendered."""
-    from capo_trl.harness import pilot, testbed
+def render_pilot(name: str) -> str:
+    """A test-bed pilot's tables and verdict (one GRPO arm), re-rendered from its start and seed files with the
+    criterion its study.yaml fixes."""
+    from capo_trl.harness import criterion, pilot, study_report
 
-    return pilot, testbed
-
-
-def render_pilot(steps: int, where: Path | None = None) -> str:
-    """A pilot's tables and verdict (guess-pilots/<steps>-steps/, or ``where``), re-rendered from its start and
-    seed files."""
-    pilot, _ = _testbed_scripts()
-    where = where or RESULTS / "guess-pilots" / f"{steps}-steps"
-    start = json.loads((where / "start.json").read_text())
-    finals = {int(p.stem[4:]): json.loads(p.read_text()) for p in sorted(where.glob("seed*.json"))}
-    return pilot.render(start, finals, pilot.verdict(start, finals))
+    found = study(name)
+    arm = next(iter(found.arms))
+    start = criterion.start_record(found.folder, found.criterion["start"], found.arm_task(arm))
+    result = study_report.checks(found)
+    verdict = {"per_seed": result["runs"][arm], "test_bed": result["meets"][arm]}
+    return pilot.render(start, study_report.records(found)[arm], verdict)
 
 
 def render_testbed_compare() -> str:
-    """The five-arm comparison's tables (guess-half-comparison/), re-rendered from its run files."""
-    _, compare = _testbed_scripts()
-    return compare.render(compare.summarise(RESULTS / "guess-half-comparison"))
+    """The five-arm comparison's tables (guess-half-comparison/), re-rendered from its run files by the test-bed
+    driver's report."""
+    from capo_trl.harness import testbed
+
+    return testbed.render(testbed.summarise(RESULTS / TESTBED_DIR))
 
 
 # ------------------------------------------------------------------ the test-bed comparison, re-analysed
 TESTBED_DIR = "guess-half-comparison"
-SECONDARY_ARMS = ("grpo-mask", "capo-paper", "capo-nomask")  # against grpo; the primary arm is capo
+
+
+def _contrasts() -> tuple[tuple, dict]:
+    """The comparison's primary (arm, minus) and its secondaries by arm, as its study.yaml fixes them."""
+    plan = study(TESTBED_DIR).plan
+    return plan.primary[1:], {arm: minus for _, arm, minus in plan.secondaries}
 
 
 def _by_seed(method: str, key: str) -> list[float]:
@@ -230,10 +230,11 @@ def observed_power(d: dict, alpha: float = 0.05) -> float:
 def testbed_facts() -> dict:
     """Every number the words about the test-bed comparison use (pages, README, concepts, the demo)."""
     found = summary(f"{TESTBED_DIR}/summary.json")
-    secondary = {arm: paired(arm, "grpo") for arm in SECONDARY_ARMS}
+    primary, secondaries = _contrasts()
+    secondary = {arm: paired(arm, minus) for arm, minus in secondaries.items()}
     nomask = secondary["capo-nomask"]
     return {"seeds": nomask["n"], "start": found["start"]["auroc"], "grpo": found["arms"]["grpo"]["auroc"],
-            "nomask_end": found["arms"]["capo-nomask"]["auroc"], "primary": paired("capo", "grpo"),
+            "nomask_end": found["arms"]["capo-nomask"]["auroc"], "primary": paired(*primary),
             "nomask": nomask, "holm_p": holm({arm: d["p"] for arm, d in secondary.items()})["capo-nomask"],
             "power": observed_power(nomask),
             "fragile": [s for s, (lo, hi) in nomask["loo"].items() if lo <= 0 <= hi],
@@ -259,7 +260,7 @@ def render_testbed_words() -> str:
             f"noise mask) did not keep it better than GRPO: {_iv(p)} (95% t interval), no difference shown. CAPO "
             f"without the mask ended at {f['nomask_end']:.3f}, {_iv(n)} against GRPO (paired t p = {n['p']:.3f}), "
             f"and all {n['favour']} of {n['n']} seeds favoured it, but that is suggestive, not shown: it was one of "
-            f"{len(SECONDARY_ARMS)} secondary comparisons with no correction (Holm's would give "
+            f"{len(_contrasts()[1])} secondary comparisons with no correction (Holm's would give "
             f"p = {f['holm_p']:.3f}), "
             f"the exact sign-flip test gives p = {n['flip_p']:.4f} (the smallest {n['n']} seeds allow), and leaving "
             f"out any one of seeds {_seeds(f['fragile'])} makes the interval cross 0. Nor is it shown that removing "
@@ -285,19 +286,17 @@ def render_testbed_robustness() -> str:
             f"observed effect and sd: {f['power']:.2f}.\n\n" + second)
 
 
-@functools.cache
-def mask_study_analysis() -> dict:
-    """The protocol's analysis of the confirmatory study's committed run files (once per run of this script)."""
-    from capo_trl.harness import confirmatory
-
-    return confirmatory.analyse(RESULTS / "guess-half-mask-study", confirmatory.MASK_STUDY)
+MASK_STUDY = "guess-half-mask-study"
+# The confirmatory study of each test bed, whose words the pages and `capo-trl demo` give (capo_trl.harness.evidence).
+STUDY_OF_TASK = {"guess-half": MASK_STUDY, "guess-redraw": "guess-redraw-study"}
 
 
 def render_mask_study() -> str:
-    """The confirmatory study's block: the protocol's analysis of its committed run files."""
-    from capo_trl.harness import confirmatory
+    """The confirmatory study's block: the analysis its study.yaml fixes, of its committed run files."""
+    from capo_trl.harness import confirmatory, study_report
 
-    return confirmatory.render(mask_study_analysis(), confirmatory.MASK_STUDY)
+    found = study(MASK_STUDY)
+    return confirmatory.render(study_report.analysis(found), found.plan)
 
 
 def study_words(task: str) -> str:
@@ -306,15 +305,14 @@ def study_words(task: str) -> str:
     index and the study's page."""
     from capo_trl.harness import evidence
 
-    return evidence.study_words(task, evidence.measure(RESULTS / evidence.STUDY_OF_TASK[task], task))
+    return evidence.study_words(task, evidence.measure(study(STUDY_OF_TASK[task])))
 
 
 def render_headline() -> str:
     """The README's result, the tiny models' then the real model's (capo_trl.harness.evidence.headline), from the files."""
     from capo_trl.harness import evidence
 
-    return evidence.headline(evidence.measure(RESULTS / "guess-half-mask-study", "guess-half"),
-                             real_result())
+    return evidence.headline(evidence.measure(study(MASK_STUDY)), real_result())
 
 
 # The exploratory pilot's compare runs per budget, in the order they ran (protocol.md and its amendments).
@@ -367,13 +365,13 @@ def render_demo_budget() -> str:
 
 
 def render_redraw_study() -> str:
-    """The replication on guess-redraw: the protocol's analysis of its committed run files, once they exist."""
-    from capo_trl.harness import confirmatory
+    """The replication on guess-redraw: the analysis its study.yaml fixes, of its committed run files, once they exist."""
+    from capo_trl.harness import confirmatory, study_report
 
-    folder = RESULTS / "guess-redraw-study"
-    if not (folder / "config.json").is_file():
+    found = study(STUDY_OF_TASK["guess-redraw"])
+    if not any(study_report.records(found).values()):
         return "Not started: no run of this study exists yet.\n"
-    return confirmatory.render(confirmatory.analyse(folder, confirmatory.REDRAW_STUDY), confirmatory.REDRAW_STUDY)
+    return confirmatory.render(study_report.analysis(found), found.plan)
 
 
 def render_gpu_check() -> str:
@@ -423,14 +421,15 @@ def render_recommended() -> str:
              "model.", ""]
     for name, (why, limits) in RECOMMENDATION.items():
         if name == "noise_mask":
-            limits += "; " + evidence.real_mask_words(real)
+            limits += "; " + evidence.real_mask_words(real, REAL_STUDY)
         lines.append(f"- {groups[name]}. Evidence: {why}. Limits: {limits}.")
     return "\n".join(textwrap.fill(line, width=110, subsequent_indent="  " if line.startswith("- ") else "",
                                     break_on_hyphens=False, break_long_words=False) for line in lines) + "\n"
 
 
 TESTBED_RENDER = {"demo-budget": render_demo_budget, "guess-redraw-study": render_redraw_study,
-                  "guess-redraw-pilot": lambda: render_pilot(600, RESULTS / "guess-redraw-pilot"), "guess-half-mask-study": render_mask_study, "guess-half-mask-words": lambda: study_words("guess-half"),
+                  "guess-redraw-pilot": lambda: render_pilot("guess-redraw-pilot"), "guess-half-mask-study": render_mask_study,
+                  "guess-half-mask-words": lambda: study_words("guess-half"),
                   "guess-redraw-words": lambda: study_words("guess-redraw"), "headline": render_headline,
                   "recommended": render_recommended, "guess-half-words": render_testbed_words, "guess-half-robustness": render_testbed_robustness}
 
@@ -439,8 +438,9 @@ RENDER = {"arithmetic-200-steps": render_main, "grader-noise-1-seed": render_noi
           "grader-noise-3-seeds": render_noise3, "arithmetic-600-steps": render_long,
           "arithmetic-powered": render_powered, "arithmetic-powered-paired": render_paired,
           "arithmetic-powered-exploratory": render_exploratory, "arithmetic-powered-collapse": render_collapse,
-          "calibrated-confidence": render_confidence, "guess-pilot-300-steps": lambda: render_pilot(300),
-          "guess-pilot-600-steps": lambda: render_pilot(600), "guess-pilot-1000-steps": lambda: render_pilot(1000),
+          "calibrated-confidence": render_confidence, "guess-pilot-300-steps": lambda: render_pilot("guess-pilots/300-steps"),
+          "guess-pilot-600-steps": lambda: render_pilot("guess-pilots/600-steps"),
+          "guess-pilot-1000-steps": lambda: render_pilot("guess-pilots/1000-steps"),
           "guess-half-comparison": render_testbed_compare, "gpu-check": render_gpu_check,
           **TESTBED_RENDER, **REAL_RENDER}
 

@@ -1,18 +1,33 @@
-"""The pre-registered analysis (harness/confirmatory.py): the paired tests against hand-computed values, the
-looks and the stopping rule on synthetic study folders, and the copy of runs under arm names."""
+"""The pre-registered analysis (harness/confirmatory.py) with the plans the studies' files fix (study.yaml): the
+paired tests against hand-computed values, the looks and the stopping rule on synthetic study folders, and the copy
+of runs under arm names."""
 
 import dataclasses
 import datetime
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from capo_trl.harness import confirmatory as cf
 from capo_trl.harness.paired import holm, paired_test, sign_flip_p
+from capo_trl.harness.study import load_study
 
-PLAN = cf.MASK_STUDY
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
+
+
+def committed(name: str, folder: Path | None = None):
+    """A committed study's file (docs/results/<name>/study.yaml), its records read from ``folder`` when given."""
+    study = load_study(RESULTS / name)
+    return study if folder is None else dataclasses.replace(study, folder=folder)
+
+
+PLAN = committed("guess-half-mask-study").plan
+REDRAW = committed("guess-redraw-study").plan
+REAL_STUDY = committed("smollm2-study").plan
+REAL_LR_STUDY = committed("smollm2-lr-study").plan
 KEYS = ("auroc", "accuracy", "guessable/modal_share", "mean_tokens", *PLAN.descriptive)
 
 
@@ -137,18 +152,19 @@ def test_restore_puts_committed_runs_back_under_their_labels_once(tmp_path):
 
 
 def test_the_plan_is_the_protocols_command():
-    """The arms the analysis expects are the method specifications the protocol's command runs."""
-    from pathlib import Path
-
-    protocol = (Path(__file__).parents[1] / "docs/results/guess-half-mask-study/protocol.md").read_text()
+    """The arms the analysis expects are the method specifications the protocol's command runs, and the ones its
+    config.json recorded."""
+    protocol = (RESULTS / "guess-half-mask-study/protocol.md").read_text()
     fixed = "ref_thresholds=fixed:ref_high=1.0336:ref_low=1.0563"
     for label in PLAN.arms.values():
         assert label.replace(fixed, "$M") in protocol or label in protocol, label
+    assert cf.check_config(RESULTS / "guess-half-mask-study", PLAN)["seeds"] == list(range(24))
+    assert PLAN.looks == ((12, 0.005), (24, 0.047)) and PLAN.collapse_tokens == 36 and PLAN.undefined_auroc is None
 
 
 def test_a_single_look_without_secondaries_is_final_at_its_seeds(tmp_path):
     """The replication on guess-redraw: one look at 12 seeds, alpha 0.05, the primary and its sign-flip test only."""
-    plan = cf.REDRAW_STUDY
+    plan = REDRAW
     folder = tmp_path / "redraw"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"methods": list(plan.arms.values()), "seeds": list(range(12))}))
@@ -169,11 +185,9 @@ def test_a_single_look_without_secondaries_is_final_at_its_seeds(tmp_path):
 
 
 def test_the_redraw_plan_is_its_protocols_command():
-    from pathlib import Path
-
-    protocol = (Path(__file__).parents[1] / "docs/results/guess-redraw-pilot/protocol.md").read_text()
-    assert f"--methods {','.join(cf.REDRAW_STUDY.arms.values())} \\\n  --seeds $(seq 0 11)" in protocol
-    assert cf.REDRAW_STUDY.looks == ((12, 0.05),)
+    protocol = (RESULTS / "guess-redraw-pilot/protocol.md").read_text()
+    assert f"--methods {','.join(REDRAW.arms.values())} \\\n  --seeds $(seq 0 11)" in protocol
+    assert REDRAW.looks == ((12, 0.05),) and REDRAW.secondaries == ()
 
 
 def test_a_plain_task_has_no_guessable_means_and_a_run_that_never_finishes_collapsed(tmp_path):
@@ -207,62 +221,65 @@ def test_a_plain_task_has_no_guessable_means_and_a_run_that_never_finishes_colla
 
 
 def test_the_real_model_study_runs_what_its_protocol_says():
-    """scripts/real_study.py runs the plan's arms on its seeds with the flags the protocol names, and the committed
-    config.json is what its init writes."""
-    from pathlib import Path
-
-    from script_loader import load_script
-
-    root = Path(__file__).parents[1]
-    study = load_script("real_study")
-    plan, protocol = cf.REAL_STUDY, (root / "docs/results/smollm2-study/protocol.md").read_text()
-    assert list(study.ARMS) == list(plan.arms) and study.SEEDS == list(range(100, 112)) and plan.looks == ((12, 0.05),)
-    for arm, (_, flags) in study.ARMS.items():
+    """Its study.yaml runs the plan's arms on its seeds with the flags the protocol names, and the committed
+    config.json is what its runner wrote from them."""
+    study = committed("smollm2-study")
+    plan, protocol = study.plan, (RESULTS / "smollm2-study/protocol.md").read_text()
+    assert study.seeds == list(range(100, 112)) and plan.looks == ((12, 0.05),)
+    assert (plan.collapse_tokens, plan.min_finished, plan.undefined_auroc) == (30.0, 0.5, 0.5)
+    assert "2026-12-31 00:00 UTC" in protocol and plan.deadline.startswith("2026-12-31T00:00:00")
+    for arm in study.arms.values():
+        flags = arm.flags()
         assert flags[:2] == ["--mask_truncated_completions", "true"]
-        assert " ".join(flags[2:]) in protocol.replace("\n   ", " "), arm
-    config = json.loads((root / "docs/results/smollm2-study/config.json").read_text())
-    assert config["methods"] == list(plan.arms.values()) and config["seeds"] == study.SEEDS
-    assert {a: v["flags"] for a, v in config["arms"].items()} == {a: f for a, (_, f) in study.ARMS.items()}
+        assert " ".join(flags[2:]) in protocol.replace("\n   ", " "), arm.name
+    config = json.loads((RESULTS / "smollm2-study/config.json").read_text())
+    assert config["methods"] == list(plan.arms.values()) and config["seeds"] == study.seeds
+    assert {a: v["flags"] for a, v in config["arms"].items()} == {a: arm.flags() for a, arm in study.arms.items()}
+    assert {a: v["recipe"] for a, v in config["arms"].items()} == {a: arm.recipe for a, arm in study.arms.items()}
 
 
-def test_the_real_model_second_study_runs_what_its_protocol_says():
-    """scripts/real_lr_study.py runs the learning-rate pilot's two arms on new seeds, the committed config.json is
-    what its init writes, and the power calculation on the pilot's committed records gives the protocol's numbers."""
-    from pathlib import Path
+def test_the_real_model_second_study_runs_what_its_protocol_says(capsys):
+    """Its study.yaml runs the learning-rate pilot's two arms on new seeds, the committed config.json is what its
+    runner wrote from them, and `capo-trl study plan` with the SD of the pilot's committed records (the protocol's
+    rule) gives the protocol's power numbers."""
+    import statistics
 
-    from script_loader import load_script
+    from capo_trl.cli.main import main
+    from capo_trl.harness.study_report import records
 
-    root = Path(__file__).parents[1]
-    study, pilot = load_script("real_lr_study"), load_script("real_lr")
-    plan, protocol = cf.REAL_LR_STUDY, (root / "docs/results/smollm2-lr-study/protocol.md").read_text()
-    assert cf.PLANS["smollm2-lr-study"] is plan and study.ARMS == pilot.ARMS and list(study.ARMS) == list(plan.arms)
-    assert study.SEEDS == list(range(200, 212)) and not set(study.SEEDS) & set(range(100, 112))
+    study, pilot = committed("smollm2-lr-study"), committed("smollm2-lr")
+    plan, protocol = study.plan, (RESULTS / "smollm2-lr-study/protocol.md").read_text()
+    assert study.arms == pilot.arms and study.seeds == list(range(200, 212)) and not set(study.seeds) & set(range(100, 112))
     assert plan.primary == ("auroc", "capo-nomask-lr3e-4", "grpo-lr3e-4") and plan.looks == ((12, 0.05),)
     assert [e for e, *_ in plan.secondaries] == ["auroc_question", "ece", "e_aurc"]
     assert (plan.collapse_tokens, plan.min_finished, plan.undefined_auroc) == (30.0, 0.5, 0.5)
     assert "2027-01-15 00:00 UTC" in protocol and plan.deadline.startswith("2027-01-15T00:00:00")
-    for arm, (recipe, flags) in study.ARMS.items():
-        assert f"`{recipe}` `{' '.join(flags[:2])}\n   {' '.join(flags[2:])}`" in protocol, arm
-    config = json.loads((root / "docs/results/smollm2-lr-study/config.json").read_text())
-    assert config["methods"] == list(plan.arms.values()) and config["seeds"] == study.SEEDS
-    assert {a: v["flags"] for a, v in config["arms"].items()} == {a: f for a, (_, f) in study.ARMS.items()}
-    assert (root / "docs/results/smollm2-lr-study/start.json").read_text() == \
-        (root / "docs/results/smollm2-study/start.json").read_text()
-    power = study.power()
-    assert power["seeds"] == 12 and f"is {power['sd_diff']:.3f}" in protocol
-    assert f"power {power['power']:.2f} with 12 seeds" in protocol
-    assert f"the power is {power['power_if_sd_doubles']:.2f}" in protocol
+    for arm in study.arms.values():
+        flags = arm.flags()
+        assert f"`{arm.recipe}` `{' '.join(flags[:2])}\n   {' '.join(flags[2:])}`" in protocol, arm.name
+    config = json.loads((RESULTS / "smollm2-lr-study/config.json").read_text())
+    assert config["methods"] == list(plan.arms.values()) and config["seeds"] == study.seeds
+    assert {a: v["flags"] for a, v in config["arms"].items()} == {a: arm.flags() for a, arm in study.arms.items()}
+    assert (RESULTS / "smollm2-lr-study/start.json").read_text() == (RESULTS / "smollm2-study/start.json").read_text()
+    auroc = {arm: [r["auroc"] for _, r in sorted(by_seed.items())] for arm, by_seed in records(pilot).items()}
+    diffs = [c - g for g, c in zip(auroc["grpo-lr3e-4"], auroc["capo-nomask-lr3e-4"])]
+    sd = max(statistics.stdev(diffs), statistics.stdev(auroc["grpo-lr3e-4"]) * 2 ** 0.5)
+    assert f"is {sd:.3f}" in protocol
+    assert main(["study", "plan", str(RESULTS / "smollm2-lr-study"), "--sd", repr(sd), "--effect", "0.05",
+                 "--max_seeds", "24"]) == 0
+    said = capsys.readouterr().out
+    power, doubled = said.split("power ")[1].split()[0], said.rsplit(": ", 1)[1].strip()
+    assert said.startswith("12 seeds: ") and f"power {power} with 12 seeds" in protocol
+    assert f"the power is {doubled}" in protocol
 
 
 def test_the_second_study_analysis_runs_on_its_records(tmp_path):
-    """Records as scripts/real_lr_study.py writes them (its committed config and start) reach the final look: the
+    """Records as its runner wrote them (its committed config and start) reach the final look: the
     primary, the three secondaries, and the collapse rule; a run lacking a seed's partner is left out."""
-    from pathlib import Path
 
-    committed = Path(__file__).parents[1] / "docs/results/smollm2-lr-study"
-    plan = cf.REAL_LR_STUDY
+    plan = REAL_LR_STUDY
     for name in ("config.json", "start.json"):
-        (tmp_path / name).write_text((committed / name).read_text())
+        (tmp_path / name).write_text((RESULTS / "smollm2-lr-study" / name).read_text())
     keys = ("auroc", "accuracy", "mean_tokens", "finished_frac", *plan.descriptive)
     for s in range(200, 212):
         rng = np.random.default_rng(s)
@@ -288,14 +305,13 @@ _G, _C = "grpo-lr3e-4", "capo-nomask-lr3e-4"
 def test_the_second_studys_words_are_fixed_before_its_look(tmp_path, effect, verdict):
     """The README's words for the second study: before its look no result and no count (a finished run then changes
     only the study's own page); at it the verdict its interval supports, every endpoint, and its own undefined rule."""
-    from pathlib import Path
 
     from capo_trl.harness import evidence
+    from capo_trl.harness.study_report import analysis
 
-    committed = Path(__file__).parents[1] / "docs/results/smollm2-lr-study"
-    plan = cf.REAL_LR_STUDY
-    for name in ("config.json", "start.json"):
-        (tmp_path / name).write_text((committed / name).read_text())
+    study = committed("smollm2-lr-study", tmp_path)
+    plan = study.plan
+    (tmp_path / "start.json").write_text((RESULTS / "smollm2-lr-study" / "start.json").read_text())
     keys = ("auroc", "accuracy", "mean_tokens", "finished_frac", *plan.descriptive)
 
     def write(seeds):
@@ -309,13 +325,13 @@ def test_the_second_studys_words_are_fixed_before_its_look(tmp_path, effect, ver
                 (tmp_path / arm / f"seed{s}.json").write_text(json.dumps(rec))
 
     write(range(200, 211))
-    pending = evidence.real_lr_words(evidence.measure_real(tmp_path, plan))
-    assert pending == evidence.real_lr_words(evidence.measure_real(tmp_path, plan) | {"finished": {}})
+    pending = evidence.real_lr_words(evidence.measure_real(study))
+    assert pending == evidence.real_lr_words(evidence.measure_real(study) | {"finished": {}})
     assert "No result yet: its one analysis comes at 12 complete seeds." in " ".join(pending.split())
     assert "AUROC" not in pending and "11" not in pending
     write([211])
-    r = evidence.measure_real(tmp_path, plan)
-    a = cf.analyse(tmp_path, plan)
+    r = evidence.measure_real(study)
+    a = analysis(study)
     assert r["primary"] == tuple(round(a["primary"][k], 3) for k in ("mean", "low", "high"))
     assert (r["grpo"], r["nomask"]) == (round(a["means"][_G]["auroc"], 3), round(a["means"][_C]["auroc"], 3))
     text = " ".join(evidence.real_lr_words(r).split())
@@ -324,57 +340,62 @@ def test_the_second_studys_words_are_fixed_before_its_look(tmp_path, effect, ver
     assert text.count("Holm p = ") == 3 and f"Collapsed runs of 12: {_G} 0, {_C} 0." in text
     rec = json.loads((tmp_path / _C / "seed203.json").read_text())
     (tmp_path / _C / "seed203.json").write_text(json.dumps({**rec, "auroc": None}))
-    text = " ".join(evidence.real_lr_words(evidence.measure_real(tmp_path, plan)).split())
+    text = " ".join(evidence.real_lr_words(evidence.measure_real(study)).split())
     assert f"counted as 0.5, as its protocol says, for {_C} seed 203; leaving those seeds out" in text
 
 
-def test_the_second_study_runner_keeps_the_record_the_analysis_reads(tmp_path, monkeypatch):
-    """real_lr_study's ``run`` goes through real_study.run_one with the pilot's arm, flags and log keys and writes
-    ``<arm>/seed<k>.json`` into its own folder, with the keys the analysis reads (training and test stubbed)."""
-    from script_loader import load_script
+def test_the_runner_keeps_the_record_the_second_studys_analysis_reads(tmp_path, monkeypatch):
+    """`capo-trl study run` (cli/study_run.py) with the second study's arm, flags and log keys (its study.yaml, less
+    the frozen commit and cannot_run that keep today's runner from it) trains the arm's recipe with its flags on its
+    task, seed and steps, and writes ``<arm>/seed<k>.json`` with the keys the analysis reads (training and test
+    stubbed)."""
+    from capo_trl.cli import study_run
 
-    study = load_script("real_lr_study")
-    real_study = study.real_study
+    study = dataclasses.replace(committed("smollm2-lr-study", tmp_path / "out"), cannot_run=None, frozen_commit=None)
+    arm = study.arms["capo-nomask-lr3e-4"]
     calls = []
 
-    def fake_train_and_test(run, recipe, task, seed, flags, steps, log):
-        calls.append((run, recipe, task, seed, flags, steps, log))
-        (run / "test").mkdir(parents=True)
+    def fake_train_and_test(study_, arm_, seed, run, log, times):
+        calls.append(study_run._train_args(study_, arm_, seed, run))
+        (run / "checkpoint-100").mkdir(parents=True)
+        state = {"global_step": 100, "log_history": [{"step": 5, "reward": 0.3, "entropy": 0.1, "other": 1.0}]}
+        (run / "checkpoint-100" / "trainer_state.json").write_text(json.dumps(state))
+        (run / "test").mkdir()
         (run / "test" / "report.json").write_text("{}")
-        return {"global_step": steps}, [{"step": 5, "entropy": 0.1}], {"train_s": [1], "test_s": 2}
+        times.update(train_s=[1], test_s=2)
 
-    monkeypatch.setattr(real_study, "train_and_test", fake_train_and_test)
-    monkeypatch.setattr(real_study, "record", lambda report, samples, task: {"auroc": 0.8, "mean_tokens": 23.0})
-    monkeypatch.setattr(study, "OUT", tmp_path / "out")
-    assert study.main(["run", "capo-nomask-lr3e-4", "203", "--runs", str(tmp_path / "runs")]) == 0
-    (run, recipe, task, seed, flags, steps, log), = calls
-    assert run == tmp_path / "runs" / "capo-nomask-lr3e-4" / "seed203" and (task, seed, steps) == ("addition", 203, 100)
-    assert (recipe, flags) == study.ARMS["capo-nomask-lr3e-4"] and "entropy" in log
-    rec = json.loads((tmp_path / "out" / "capo-nomask-lr3e-4" / "seed203.json").read_text())
-    assert rec["mask"] == {} and rec["auroc"] == 0.8 and rec["flags"][-2:] == ["--learning_rate", "3e-4"]
-    assert (rec["arm"], rec["seed"], rec["global_step"], rec["train"][0]["entropy"]) == ("capo-nomask-lr3e-4", 203, 100, 0.1)
+    monkeypatch.setattr(study_run, "_train_and_test", fake_train_and_test)
+    monkeypatch.setattr(study_run, "record_of", lambda report, samples, task, n: {"auroc": 0.8, "mean_tokens": 23.0})
+    path = study_run.run_one(study, "capo-nomask-lr3e-4", 203, tmp_path / "runs")
+    assert path == tmp_path / "out" / "capo-nomask-lr3e-4" / "seed203.json"
+    (args,) = calls
+    assert args[:9] == ["train", "--config", arm.recipe, "--dataset_name", "addition", "--seed", "203", "--max_steps",
+                        "100"] and args[-4:] == arm.flags()[-4:] == ["--mask_truncated_completions", "true",
+                                                                     "--learning_rate", "3e-4"]
+    rec = json.loads(path.read_text())
+    assert rec["auroc"] == 0.8 and rec["flags"][-2:] == ["--learning_rate", "3e-4"] and rec["recipe"] == arm.recipe
+    assert (rec["arm"], rec["seed"], rec["global_step"], rec["train"]) == \
+        ("capo-nomask-lr3e-4", 203, 100, [{"step": 5, "reward": 0.3, "entropy": 0.1}])
 
 
 def write_real_study(folder, seeds_done, effect, noise=0.01):
-    """The real study's folder as scripts/real_study.py writes it (its config and start copied), with synthetic runs:
-    ``effect`` added to capo-nomask's pooled AUROC over GRPO's, the mask arms 0.02 below capo-nomask."""
-    from pathlib import Path
-
-    committed = Path(__file__).parents[1] / "docs/results/smollm2-study"
+    """The real study's folder as its runner wrote it (its config and start copied), with synthetic runs: ``effect``
+    added to capo-nomask's pooled AUROC over GRPO's, the mask arms 0.02 below capo-nomask; returns the study, its
+    file the committed one."""
     folder.mkdir(parents=True, exist_ok=True)
     for name in ("config.json", "start.json"):
-        (folder / name).write_text((committed / name).read_text())
-    keys = ("auroc", "accuracy", "mean_tokens", "finished_frac", *cf.REAL_STUDY.descriptive)
+        (folder / name).write_text((RESULTS / "smollm2-study" / name).read_text())
+    keys = ("auroc", "accuracy", "mean_tokens", "finished_frac", *REAL_STUDY.descriptive)
     shift = {"grpo": 0.0, "capo-nomask": effect, "capo-mask-paper": effect - 0.02, "capo-mask-measured": effect - 0.02}
     for s in seeds_done:
         rng = np.random.default_rng(s)
         base = 0.72 + rng.normal(0, 0.03)
-        for arm in cf.REAL_STUDY.arms:
+        for arm in REAL_STUDY.arms:
             rec = {k: float(rng.uniform(0.2, 0.6)) for k in keys}
             rec.update(auroc=base + shift[arm] + rng.normal(0, noise), mean_tokens=23.5, finished_frac=0.97, mask={})
             (folder / arm).mkdir(exist_ok=True)
             (folder / arm / f"seed{s}.json").write_text(json.dumps(rec))
-    return folder
+    return committed("smollm2-study", folder)
 
 
 @pytest.mark.parametrize("effect, verdict, kind", [
@@ -387,16 +408,17 @@ def test_the_real_study_words_follow_the_interval(tmp_path, effect, verdict, kin
     verdict the primary's p and interval support, and every pre-registered endpoint."""
     from capo_trl.harness import evidence
 
-    folder = write_real_study(tmp_path / "smollm2-study", range(100, 111), effect)
-    pending = evidence.measure_real(folder)  # 11 complete seeds: no look, no endpoint, only the safety reading
-    assert pending == {"look": False, "planned": 12, "finished": dict.fromkeys(cf.REAL_STUDY.arms, 11),
-                       "collapsed": dict.fromkeys(cf.REAL_STUDY.arms, 0), "rule": (30.0, 0.5)}
+    study = write_real_study(tmp_path / "smollm2-study", range(100, 111), effect)
+    folder = study.folder
+    pending = evidence.measure_real(study)  # 11 complete seeds: no look, no endpoint, only the safety reading
+    assert pending == {"look": False, "planned": 12, "finished": dict.fromkeys(REAL_STUDY.arms, 11),
+                       "collapsed": dict.fromkeys(REAL_STUDY.arms, 0), "rule": (30.0, 0.5)}
     words = " ".join(evidence.real_words(pending).split())
     assert words.startswith("On a real model, SmolLM2-135M-Instruct") and "no calibration result for CAPO" in words
     assert "analysis at 12 complete seeds" in words and "AUROC" not in words.split("Its safety reading")[1]
     write_real_study(folder, [111], effect)
-    r = evidence.measure_real(folder)
-    a = cf.analyse(folder, cf.REAL_STUDY)
+    r = evidence.measure_real(study)
+    a = cf.analyse(folder, REAL_STUDY)
     assert r["primary"] == tuple(round(a["primary"][k], 3) for k in ("mean", "low", "high"))
     assert r["holds"] == (a["primary"]["p"] < 0.05) and r["seeds"] == 12 and r["stopped"] == "at its final look"
     text = " ".join(evidence.real_words(r).split())
@@ -412,19 +434,20 @@ def test_the_recommendations_mask_line_says_what_the_real_study_found(tmp_path):
     differences were not shown, calls them exploratory when the primary does not hold, and counts collapses."""
     from capo_trl.harness import evidence
 
-    folder = write_real_study(tmp_path / "smollm2-study", range(100, 112), 0.0, noise=0.001)
+    study = write_real_study(tmp_path / "smollm2-study", range(100, 112), 0.0, noise=0.001)
+    folder = study.folder
     rec = json.loads((folder / "capo-mask-paper" / "seed105.json").read_text())
     (folder / "capo-mask-paper" / "seed105.json").write_text(json.dumps({**rec, "mean_tokens": 31.0}))
-    r = evidence.measure_real(folder)
+    r = evidence.measure_real(study)
     paper, measured = ([c for c in r["secondary"] if c[0] == "auroc" and c[1] == arm][0]
                        for arm in ("capo-mask-paper", "capo-mask-measured"))
-    text = " ".join(evidence.real_mask_words(r).split())
+    text = " ".join(evidence.real_mask_words(r, "smollm2-study").split())
     assert not r["holds"] and "exploratory since the study's primary does not hold" in text
     assert f"{paper[3]:+.3f} [{paper[4]:+.3f}, {paper[5]:+.3f}] (Holm p = {paper[6]:.4f}) with the paper's" in text
     assert paper[6] < 0.05 and measured[6] < 0.05  # 0.02 below, seed noise 0.001: shown
     assert "1 of 12 with the paper's thresholds, 0 with the measured ones, 0 without the mask, 0 under GRPO" in text
     r["secondary"] = [(*c[:6], 0.2) for c in r["secondary"]]
-    assert " ".join(evidence.real_mask_words(r).split()).count("no difference shown") == 2
+    assert " ".join(evidence.real_mask_words(r, "smollm2-study").split()).count("no difference shown") == 2
 
 
 def test_the_real_study_safety_reading_counts_every_finished_run(tmp_path):
@@ -432,13 +455,14 @@ def test_the_real_study_safety_reading_counts_every_finished_run(tmp_path):
     not) and nothing else: a run collapses at 30 mean tokens or more, or under half of its answers ending."""
     from capo_trl.harness import evidence
 
-    folder = write_real_study(tmp_path / "smollm2-study", [100, 101], 0.0)
+    study = write_real_study(tmp_path / "smollm2-study", [100, 101], 0.0)
+    folder = study.folder
     for arm, seed, change in (("capo-nomask", 100, {"mean_tokens": 30.0}), ("capo-nomask", 101, {"mean_tokens": 29.9}),
                               ("capo-mask-paper", 101, {"finished_frac": 0.49})):
         rec = json.loads((folder / arm / f"seed{seed}.json").read_text())
         (folder / arm / f"seed{seed}.json").write_text(json.dumps({**rec, **change}))
     (folder / "grpo" / "seed101.json").unlink()
-    r = evidence.measure_real(folder)
+    r = evidence.measure_real(study)
     assert r["finished"] == {"grpo": 1, "capo-nomask": 2, "capo-mask-paper": 2, "capo-mask-measured": 2}
     assert r["collapsed"] == {"grpo": 0, "capo-nomask": 1, "capo-mask-paper": 1, "capo-mask-measured": 0}
     words = " ".join(evidence.real_words(r).split())
@@ -453,20 +477,21 @@ def test_an_undefined_auroc_counts_as_the_amendment_says(tmp_path):
     (amendment 1), lists it, and gives the primary again without its seed; a plan that does not say refuses."""
     from capo_trl.harness import evidence
 
-    folder = write_real_study(tmp_path / "smollm2-study", range(100, 112), 0.03)
+    study = write_real_study(tmp_path / "smollm2-study", range(100, 112), 0.03)
+    folder = study.folder
     rec = json.loads((folder / "capo-nomask" / "seed101.json").read_text())
     rec.update(auroc=None, auroc_question=None, accuracy=0.0)
     (folder / "capo-nomask" / "seed101.json").write_text(json.dumps(rec))
-    a = cf.analyse(folder, cf.REAL_STUDY)
+    a = cf.analyse(folder, REAL_STUDY)
     assert a["undefined"] == [("capo-nomask", 101, "auroc"), ("capo-nomask", 101, "auroc_question")]
     assert a["primary"]["diffs"][1] == pytest.approx(0.5 - json.loads((folder / "grpo/seed101.json").read_text())["auroc"])
     d = a["defined_only"]
     assert d["n"] == 11 and d["diffs"] == [x for i, x in enumerate(a["primary"]["diffs"]) if i != 1]
-    text = cf.render(a, cf.REAL_STUDY)
+    text = cf.render(a, REAL_STUDY)
     assert "counted as 0.5" in text and "`capo-nomask` seed 101 (auroc)" in text and "on the 11 seeds" in text
-    words = " ".join(evidence.real_words(evidence.measure_real(folder)).split())
+    words = " ".join(evidence.real_words(evidence.measure_real(study)).split())
     assert "counted as 0.5, as the protocol's amendment says, for capo-nomask seed 101; leaving those seeds" in words
     assert "on 11 seeds" in words
-    strict = dataclasses.replace(cf.REAL_STUDY, undefined_auroc=None)
+    strict = dataclasses.replace(REAL_STUDY, undefined_auroc=None)
     with pytest.raises(ValueError, match=r"undefined AUROC .*capo-nomask.*101.*Plan.undefined_auroc"):
         cf.analyse(folder, strict)

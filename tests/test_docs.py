@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import re
 import shlex
+import subprocess
 from dataclasses import fields
 from pathlib import Path
 
@@ -170,17 +171,48 @@ def command_words(text: str) -> list[str]:
     return words
 
 
+def git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+
+
+def frozen(path: Path) -> str | None:
+    """A protocol is a record committed before its runs and never edited after them: the commit that last changed it
+    (its paths are checked as they were then, since a runner it names may be gone today); None for any other doc."""
+    if not (RESULTS in path.parents and path.name.startswith("protocol")):
+        return None
+    found = git("log", "-1", "--format=%H", "--", str(path.relative_to(ROOT))).stdout.strip()
+    assert found, f"{rel(path)}: no commit holds this protocol; commit it before its runs (a clone needs its history)"
+    return found
+
+
+def exists_for(path: Path, token: str) -> bool:
+    """``token`` exists today, or, in a protocol, existed at the commit that last changed it."""
+    if exists(token):
+        return True
+    commit = frozen(path)
+    return commit is not None and git("cat-file", "-e", f"{commit}:{token.split('::')[0]}").returncode == 0
+
+
 def test_every_repository_path_in_a_command_exists():
     """``python scripts/x.py``, ``--config examples/...``, ``benchmarks/...``: a misspelt path fails here."""
-    missing = [f"{where}: {word}" for where, _, text in texts() for word in command_words(text)
-               if word.startswith(TOP_DIRS) and not exists(word)]
+    missing = [f"{where}: {word}" for where, path, text in texts() for word in command_words(text)
+               if word.startswith(TOP_DIRS) and not exists_for(path, word)]
     assert not missing, missing
 
 
 def test_every_path_the_docs_mention_exists():
     missing = [f"{where}: {token}" for where, path, text in texts() for token in mentioned_paths(path, text)
-               if not exists(token)]
+               if not exists_for(path, token)]
     assert not missing, missing
+
+
+def test_a_path_named_with_its_commit_exists_at_that_commit():
+    """``COMMIT:path`` (a runner that is gone since, named with the commit it ran at) names a file of that commit."""
+    found = [(where, m[1], m[2]) for where, _, text in texts()
+             for m in re.finditer(r"`([0-9a-f]{7,40}):((?:%s)[\w./-]+)" % "|".join(TOP_DIRS), text)]
+    missing = [f"{where}: {commit}:{path}" for where, commit, path in found
+               if git("cat-file", "-e", f"{commit}:{path}").returncode != 0]
+    assert found and not missing, missing
 
 
 # ------------------------------------------------------------------------------------ capo_trl names
@@ -200,9 +232,23 @@ def resolves(dotted: str) -> bool:
     return False
 
 
+def resolved_then(path: Path, dotted: str) -> bool:
+    """In a protocol, a name of the package as the commit that last changed it defined it (a plan it names may be
+    gone today): the module's file of then defines the name."""
+    commit = frozen(path)
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        source = git("show", f"{commit}:src/{'/'.join(parts[:cut])}.py") if commit else None
+        if source is not None and source.returncode == 0:
+            name = parts[cut]
+            return bool(re.search(rf"^(?:{name}\b\s*[:=]|def {name}\b|class {name}\b)", source.stdout, re.M))
+    return False
+
+
 def test_every_capo_trl_name_the_docs_mention_exists():
-    names = {(where, m) for where, _, text in texts() for m in re.findall(r"\bcapo_trl(?:\.\w+)+", text)}
-    missing = sorted(f"{where}: {name}" for where, name in names if not resolves(name))
+    names = {(where, path, m) for where, path, text in texts() for m in re.findall(r"\bcapo_trl(?:\.\w+)+", text)}
+    missing = sorted(f"{where}: {name}" for where, path, name in names
+                     if not resolves(name) and not resolved_then(path, name))
     assert not missing, missing
 
 

@@ -1,6 +1,7 @@
 """scripts/results_real.py's exploratory reading of a real-model study's training logs: which runs logged a window
-of only truncated completions, and whether they trained again."""
+of only truncated completions, and whether they trained again (the study's arms and rules from its study.yaml)."""
 
+import dataclasses
 import json
 
 from script_loader import load_script
@@ -23,22 +24,20 @@ def test_the_first_all_truncated_log_and_what_followed():
 
 
 def test_its_block_counts_per_arm_and_says_whether_any_trained_again(tmp_path, monkeypatch):
+    """The study's arms, seeds and collapse rule from its study.yaml; the records from a folder of two seeds."""
     real = load_script("results_real")
-    from capo_trl.harness import confirmatory
-
-    plan = confirmatory.PLANS["smollm2-study"]
     folder = tmp_path / "smollm2-study"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"methods": list(plan.arms.values()), "seeds": [100, 101]}))
+    study = dataclasses.replace(real.study("smollm2-study"), folder=folder, seeds=[100, 101])
     healthy, stuck = log((0.1, 0.2), (0.4, 0.1)), log((0.3, 0.2), (1.0, 0.0), (1.0, 0.0))
-    for arm in plan.arms:
+    for arm in study.arms:
         (folder / arm).mkdir()
         for seed in (100, 101):
             drifted = arm != "grpo" and seed == 101
             rec = {"train": stuck if drifted else healthy, "mean_tokens": 32.0 if drifted else 23.0,
                    "finished_frac": 0.0 if drifted else 0.9}
             (folder / arm / f"seed{seed}.json").write_text(json.dumps(rec))
-    monkeypatch.setattr(real, "RESULTS", tmp_path)
+    monkeypatch.setattr(real, "study", lambda name: study)
     block = real.render_real_stuck("smollm2-study")
     assert "| `grpo` | 2 | 0 | - | - | 0 | 0.40 | 0 |" in block
     assert "| `capo-nomask` | 2 | 1 | 10-10 | 1.000 | 0 | 0.40 | 1 |" in block

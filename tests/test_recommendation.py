@@ -56,10 +56,11 @@ def test_the_embedded_default_trains_the_confirmed_arm(tiny_model_dir, tmp_path)
     from test_trainer import make, params
     from transformers import set_seed
 
-    from capo_trl.harness.confirmatory import MASK_STUDY
     from capo_trl.harness.presets import PRESETS
+    from capo_trl.harness.study import load_study
 
-    assert MASK_STUDY.arms["capo-nomask"] == "capo-nomask" and PRESETS["capo-nomask"] == PRESETS["capo"]
+    study = load_study(ROOT / "docs" / "results" / "guess-half-mask-study")
+    assert study.arms["capo-nomask"].preset == "capo-nomask" and PRESETS["capo-nomask"] == PRESETS["capo"]
     assert {k: v for k, v in CONFIRMED_ARM.items() if k != "ref_thresholds"} == EMBEDDED_METHOD
     runs = []
     for name, fields in (("default", EMBEDDED_METHOD), ("confirmed", CONFIRMED_ARM)):

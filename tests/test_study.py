@@ -150,3 +150,213 @@ def test_a_study_runs_from_its_file_resumes_after_a_kill_and_reports(tmp_path, c
     assert expected in report, report
     accuracy = np.mean([records["capo", s]["accuracy"] - records["grpo", s]["accuracy"] for s in (0, 1)])
     assert f"| capo - grpo | accuracy | {accuracy:+.3f} [" in report, report
+
+
+# ------------------------------------------------------------------------------------ the keys every study may need
+PRESET_STUDY = {"arms": {"grpo": {"preset": "grpo"}, "capo": {"preset": "capo:tau=0.3"}},
+                "budget": {"val_every": 5, "test_problems": 4}, "cannot_run": "its runs came from the test-bed driver"}
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"records": "runs.json"}, r"records = 'runs.json' gives two runs the same record; add \{arm\} or \{seed\}"),
+    ({"records": "{arm}/{run}.json"}, r"records = .*write a path relative to the study's folder ending in .json"),
+    ({"records": "../{arm}/seed{seed}.json"}, "write a path relative to the study's folder"),
+    ({"arms": {"grpo": {"preset": "grpo"}}}, r"\['grpo'\] are harness presets.*budget:.*cannot_run:"),
+    ({**PRESET_STUDY, "arms": {"grpo": {"preset": "grpo-masc"}}}, "arms.grpo.preset: unknown method 'grpo-masc'; did you mean"),
+    ({**PRESET_STUDY, "arms": {"grpo": {"preset": "grpo", "recipe": "x.yaml"}}}, r"arms.grpo must be \{recipe"),
+    ({**PRESET_STUDY, "budget": {"steps": 3}}, r"budget.steps: not a harness budget field \(the file's steps: key"),
+    ({**PRESET_STUDY, "budget": {"val_every": 0}}, "budget: --val_every must be an integer >= 1"),
+    ({"budget": {"val_every": 5}}, "only arms with a preset train under a harness budget"),
+    ({"cannot_run": ""}, "cannot_run = ''; say in words why capo-trl study cannot run"),
+    ({"cannot_run": ["a list"]}, "say in words why capo-trl study cannot run"),
+    ({"task": None}, "task is missing; every study states it"),
+    ({"deadline": None}, "deadline is missing; every study states it"),
+    ({"kind": "measurement", "cannot_run": "eval"}, "a measurement trains nothing, so it has no seeds"),
+    ({"criterion": {"checks": {"up": {"endpoint": "accuracy", "change": 0.02}}}}, "criterion must have start and checks"),
+    ({"criterion": {"start": "s.json", "checks": {"up": {"endpoint": "acuracy", "change": 0.02}}}},
+     r"criterion.checks.up.endpoint = 'acuracy': use one of"),
+    ({"criterion": {"start": "s.json", "checks": {"up": {"endpoint": "accuracy", "change": 0}}}},
+     "other than 0 .its sign says up or down"),
+    ({"criterion": {"start": "s.json", "checks": {"both": {"all": ["up"]}}}}, r"name a check listed before it"),
+    ({"criterion": {"start": "s.json", "checks": {"c": {"rule": "length"}}}}, "the one rule is collapse"),
+    ({"criterion": {"start": "s.json", "checks": {"c": {"rule": "collapse"}}, "required": ["d"]}},
+     r"criterion.required = \['d'\]: list names of its checks"),
+    ({"criterion": {"start": "s.json", "checks": {"c": {"rule": "collapse"}},
+                    "decisions": {"go": [{"arm": "capo", "check": "c", "on": "all"}]}}},
+     r"decisions.go\[0\] = .*seeds: all\|none"),
+])
+def test_a_bad_key_names_itself_and_the_fix(tmp_path, changes, match):
+    with pytest.raises(UsageError, match=match):
+        load_study(project(tmp_path, **changes))
+
+
+def test_arms_may_run_their_own_task_and_steps_and_records_follow_the_pattern(tmp_path):
+    folder = project(tmp_path, task=None, records="{task}-{arm}-seed{seed}.json",
+                     arms={"grpo": {**STUDY["arms"]["grpo"], "task": "guess"},
+                           "capo": {**STUDY["arms"]["capo"], "task": "arithmetic", "steps": 4}})
+    study = load_study(folder)
+    assert (study.arm_task("grpo"), study.arm_steps("grpo"), study.arm_task("capo"), study.arm_steps("capo")) == \
+        ("guess", 2, "arithmetic", 4)
+    assert study.record_path("grpo", 1) == folder / "guess-grpo-seed1.json"
+    from capo_trl.cli import study_run
+
+    args = study_run._train_args(study, "capo", 0, tmp_path)
+    assert args[args.index("--dataset_name") + 1] == "arithmetic" and args[args.index("--max_steps") + 1] == "4"
+    assert study_run._test_args(study, "grpo", tmp_path)[4] == "guess"
+
+
+def test_a_study_the_runner_cannot_run_is_refused_with_the_files_reason(tmp_path, capsys):
+    """Preset arms (the test-bed driver's) with their budget and the reason: status and report read the records;
+    start, run and queue refuse, saying why."""
+    folder = project(tmp_path, **PRESET_STUDY)
+    study = load_study(folder)
+    assert study.plan.arms == {"grpo": "grpo", "capo": "capo:tau=0.3"} and study.budget == PRESET_STUDY["budget"]
+    for verb in (["start", str(folder)], ["run", str(folder), "grpo", "0"], ["queue", str(folder)]):
+        assert main(["study", *verb]) == 2
+        err = capsys.readouterr().err
+        assert f"says capo-trl study cannot {verb[0]} it (cannot_run): its runs came from the test-bed driver" in err
+    assert main(["study", "status", str(folder)]) == 0
+    assert "capo-trl study cannot run it: its runs came from the test-bed driver" in capsys.readouterr().out
+
+
+def test_a_measurement_names_its_tasks_and_trains_nothing(tmp_path, capsys):
+    data = {"question": "the start?", "kind": "measurement", "arms": {"arithmetic": {"task": "arithmetic"}},
+            "records": "{arm}/report.json", "deadline": None, "cannot_run": "capo-trl eval made it"}
+    folder = tmp_path / "start"
+    folder.mkdir()
+    (folder / "study.yaml").write_text(yaml.safe_dump(data))
+    assert load_study(folder).seeds == [] and load_study(folder).plan is None
+    (folder / "arithmetic").mkdir()
+    (folder / "arithmetic" / "report.json").write_text("{}")
+    assert main(["study", "status", str(folder)]) == 0 and "arithmetic: measured" in capsys.readouterr().out
+    data["arms"]["arithmetic"]["recipe"] = "x.yaml"
+    (folder / "study.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(UsageError, match=r"must be \{task: NAME\}: a measurement trains nothing"):
+        load_study(folder)
+
+
+def test_a_pilots_criterion_checks_each_run_against_the_start_and_decides_once_all_ran(tmp_path, capsys):
+    """Each form of check, `all` with a negated earlier check, required, and a decision over arms and seeds; the
+    pilot's report shows the checks as runs finish."""
+    criterion = {"start": "start.json", "checks": {
+        "collapsed": {"rule": "collapse"}, "up": {"endpoint": "accuracy", "change": 0.02},
+        "down": {"endpoint": "auroc", "change": -0.03}, "worse": {"endpoint": "e_aurc", "ratio": 1.25},
+        "short": {"endpoint": "mean_tokens", "at_most": 20}, "ends": {"endpoint": "finished_frac", "at_least": 0.5},
+        "loses": {"all": ["up", "down", "not collapsed"]}},
+        "required": ["up", "down"], "decisions": {"go": [{"arm": "capo", "check": "collapsed", "seeds": "none"},
+                                                         {"arm": "grpo", "check": "loses", "seeds": "all"}]}}
+    folder = project(tmp_path, kind="pilot", criterion=criterion)
+    study = load_study(folder)
+    start = {"accuracy": 0.5, "auroc": 0.8, "e_aurc": 0.1, "mean_tokens": 10, "finished_frac": 1.0}
+    (folder / "start.json").write_text(json.dumps(start))
+    lost = {**start, "accuracy": 0.52, "auroc": 0.77, "e_aurc": 0.125, "mean_tokens": 20, "finished_frac": 0.5}
+    from capo_trl.harness.study_report import checks
+
+    result = checks(study, {"grpo": {0: lost}, "capo": {}})
+    assert result["runs"]["grpo"][0] == {"collapsed": False, "up": True, "down": True, "worse": True, "short": True,
+                                         "ends": True, "loses": True, "required_met": True}
+    assert result["decided"] is None and result["complete"] == {"grpo": False, "capo": False}
+    kept = {**lost, "auroc": None, "e_aurc": 0.1249, "mean_tokens": 24.0}  # an undefined AUROC fails its checks
+    result = checks(study, {"grpo": {0: lost, 1: lost}, "capo": {0: kept, 1: lost}})
+    assert result["runs"]["capo"][0] == {"collapsed": True, "up": True, "down": False, "worse": False, "short": False,
+                                         "ends": True, "loses": False, "required_met": False}
+    assert result["meets"] == {"grpo": True, "capo": False} and result["decided"] == {"go": False}
+    assert checks(study, {"grpo": {0: lost, 1: lost}, "capo": {0: lost, 1: lost}})["decided"] == {"go": True}
+    (folder / "grpo").mkdir()
+    (folder / "grpo" / "seed0.json").write_text(json.dumps(lost))
+    assert main(["study", "report", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "| grpo | 0 | no | yes | yes | yes | yes | yes | yes | yes |" in out and "`grpo` not yet" in out
+
+
+# ------------------------------------------------------------------------------------ this project's studies
+RESULTS = ROOT / "docs" / "results"
+STUDIES = sorted(path.parent for path in RESULTS.rglob("study.yaml"))
+
+
+def test_every_results_folder_with_records_has_its_study_file():
+    """Each run's record (``*seed<k>.json``) lies in a folder with a study.yaml, or in one of its arm folders; the
+    real model's start and its sweep, which have none, have their file too (a measurement; one record per arm)."""
+    records = [p for p in RESULTS.rglob("*.json") if re.search(r"seed\d+\.json$", p.name)]
+    orphans = sorted(str(p.relative_to(RESULTS)) for p in records
+                     if not any((parent / "study.yaml").is_file() for parent in p.parents if RESULTS in parent.parents))
+    assert records and not orphans, orphans
+    assert {"smollm2-start", "smollm2-sweep"} <= {p.name for p in STUDIES}
+
+
+@pytest.mark.parametrize("folder", STUDIES, ids=[str(p.relative_to(RESULTS)) for p in STUDIES])
+def test_each_study_file_says_what_its_records_ran(folder):
+    """Each committed study.yaml loads, names commits that exist, and agrees with what its runs recorded: the
+    test-bed driver's config.json and budget.json (method labels, seeds, steps, budget), each record's recipe,
+    flags, task and steps, and a pilot's criterion gives the verdict its runner wrote (verdict.json, summary.json)."""
+    from capo_trl.harness.study_report import checks, records
+
+    study = load_study(folder)
+    if study.frozen_commit:
+        assert subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{study.frozen_commit}^{{commit}}"]).returncode \
+            == 0
+    if not study.cannot_run and study.frozen_commit:  # today's runner runs it (it existed at the frozen commit) ...
+        runner = f"{study.frozen_commit}:src/capo_trl/cli/study_run.py"
+        assert subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", runner]).returncode == 0, runner
+    # ... or the file says why not
+    if study.kind == "measurement":
+        assert all(study.record_path(arm, None).is_file() for arm in study.arms)
+        return
+    runs = records(study)
+    config = folder / "config.json"
+    if config.is_file():
+        c = json.loads(config.read_text())
+        assert c["methods"] == list(study.plan.arms.values()) and c["seeds"] == study.seeds
+        assert c.get("steps", study.steps) == study.steps
+        assert c.get("val_every", (study.budget or {}).get("val_every")) == (study.budget or {}).get("val_every")
+        for arm, spec in c.get("arms", {}).items():
+            assert (spec["recipe"], spec["flags"]) == (study.arms[arm].recipe, study.arms[arm].flags())
+    if (folder / "budget.json").is_file():
+        budget = json.loads((folder / "budget.json").read_text())["budget"]
+        assert {k: v for k, v in budget.items() if k not in ("steps", "task", "model", "progress")} == study.budget
+        assert (budget["steps"], budget["model"], budget.get("task", study.task)) == (study.steps, study.model, study.task)
+    for arm in study.own_arms():
+        for seed, rec in runs[arm].items():
+            assert rec.get("recipe", study.arms[arm].recipe) == study.arms[arm].recipe, (arm, seed)
+            assert rec.get("flags", study.arms[arm].flags()) == study.arms[arm].flags(), (arm, seed)
+            assert rec.get("task", study.arm_task(arm)) == study.arm_task(arm), (arm, seed)
+            assert rec.get("global_step", study.arm_steps(arm)) == study.arm_steps(arm), (arm, seed)
+    if study.criterion is None:
+        return
+    result = checks(study)
+    verdict = json.loads((folder / "verdict.json").read_text()) if (folder / "verdict.json").is_file() else None
+    if verdict is not None and "per_seed" in verdict:  # a test-bed pilot's
+        (arm,) = study.arms
+        assert {str(s): c for s, c in result["runs"][arm].items()} == verdict["per_seed"]
+        assert result["meets"][arm] == verdict["test_bed"]
+    elif verdict is not None:  # a real-model pilot's, per task
+        for task, v in verdict.items():
+            assert [{str(s): c for s, c in result["runs"][task].items()}, result["meets"][task]] == \
+                [v["per_seed"], v["test_bed"]]
+            assert list(result["runs"][task][0]) == list(v["per_seed"]["0"])  # the checks in the protocol's order
+    summary = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").is_file() else {}
+    if "pilot" in summary:  # the comparison's stage A, as the test-bed driver's report computed it
+        assert {str(s): c for s, c in result["runs"]["grpo"].items()} == summary["pilot"]["per_seed"]
+    if "decided" in summary:  # the learning-rate pilot's, as its runner's summary computed it
+        for arm, by_seed in result["runs"].items():
+            assert {str(s): {k: v for k, v in c.items() if k != "required_met"} for s, c in by_seed.items()} == \
+                summary["runs"][arm]
+        assert result["decided"] == {"candidate": summary["decided"]["candidate"],
+                                     "recipe_learning_rate": summary["decided"]["recipe_learning_rate"] is not None}
+
+
+def test_the_confirmatory_studies_reports_are_their_pages_blocks():
+    """`capo-trl study report` on a committed confirmatory study prints the block its page renders (the five-arm
+    comparison's page shows its test-bed driver's tables instead, compare.md)."""
+    from capo_trl.harness.study_report import report
+
+    shown = []
+    for folder in STUDIES:
+        study = load_study(folder)
+        if study.kind != "confirmatory" or (folder / "compare.md").is_file():
+            continue
+        shown.append(folder.name)
+        page = (folder / "README.md").read_text()
+        block = page.split(f"<!-- table: {folder.name} (rendered by scripts/results_tables.py) -->\n")[1]
+        assert report(study) == block.split("<!-- end table -->")[0], folder.name
+    assert len(shown) == 4, shown

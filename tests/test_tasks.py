@@ -94,8 +94,10 @@ def test_the_demo_says_what_the_real_models_study_found():
     from capo_trl.harness.demo import demo_budget
     from capo_trl.harness.demo import evidence as said
 
+    from capo_trl.harness.study import load_study
+
     results = Path(__file__).resolve().parents[1] / "docs" / "results"
-    r = evidence.measure_real(results / evidence.REAL_STUDY_FOLDER)
+    r = evidence.measure_real(load_study(results / "smollm2-study"))
     assert r["look"] and evidence.REAL_RESULT == r
     for task in ("guess-half", "arithmetic", "guess"):
         text = said(demo_budget(task))
@@ -105,15 +107,18 @@ def test_the_demo_says_what_the_real_models_study_found():
 def test_the_demo_says_what_the_committed_confirmatory_study_says():
     from pathlib import Path
 
-    from capo_trl.harness.confirmatory import MASK_STUDY, analyse
     from capo_trl.harness.demo import demo_budget, evidence
-    from capo_trl.harness.evidence import STUDY_OF_TASK, STUDY_RESULTS, measure, study_words
+    from capo_trl.harness.evidence import STUDY_RESULTS, measure, study_words
+    from capo_trl.harness.study import load_study
+    from capo_trl.harness.study_report import analysis
 
     results = Path(__file__).resolve().parents[1] / "docs" / "results"
-    a = analyse(results / "guess-half-mask-study", MASK_STUDY)
+    a = analysis(load_study(results / "guess-half-mask-study"))
     assert a["look"]["stop"] and a["primary"]["holds"]
-    for task, folder in STUDY_OF_TASK.items():  # every number the demo prints, against the committed run files
-        assert STUDY_RESULTS[task] == measure(results / folder, task), task
+    study_of_task = {"guess-half": "guess-half-mask-study", "guess-redraw": "guess-redraw-study"}
+    assert study_of_task.keys() == STUDY_RESULTS.keys()
+    for task, folder in study_of_task.items():  # every number the demo prints, against the committed run files
+        assert STUDY_RESULTS[task] == measure(load_study(results / folder)), task
     half, redraw = evidence(demo_budget("guess-half")), evidence(demo_budget("guess-redraw"))
     assert study_words("guess-half") in half and study_words("guess-redraw") in redraw  # the pages' rendering
     half, redraw = " ".join(half.split()), " ".join(redraw.split())

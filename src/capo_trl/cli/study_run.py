@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..harness.driver import write_json
-from ..harness.study import Study, code_version, frozen_tree, repo_root
+from ..harness.study import Study, code_version, frozen_tree, refuse_unrunnable, repo_root
 
 ENDPOINT_KEYS = ("auroc", "auroc_question", "ece", "e_aurc")
 
@@ -54,8 +54,8 @@ def record_of(report: dict, samples_csv: Path, task: str, n: int) -> dict:
 
 def _train_args(study: Study, arm: str, seed: int, run: Path) -> list[str]:
     spec = study.arms[arm]
-    args = ["train", "--config", spec.recipe, "--dataset_name", study.task, "--seed", str(seed), "--max_steps",
-            str(study.steps), "--output_dir", str(run)]
+    args = ["train", "--config", spec.recipe, "--dataset_name", study.arm_task(arm), "--seed", str(seed),
+            "--max_steps", str(study.arm_steps(arm)), "--output_dir", str(run)]
     if study.model:
         args += ["--model_name_or_path", study.model]
     args += spec.flags()
@@ -68,11 +68,12 @@ def _train_args(study: Study, arm: str, seed: int, run: Path) -> list[str]:
     return args
 
 
-def _test_args(study: Study, run: Path) -> list[str]:
+def _test_args(study: Study, arm: str, run: Path) -> list[str]:
     t = study.test
-    return ["eval", "--model", str(run), "--benchmark", study.task, "--split", t.split, "--limit", str(t.problems),
-            "--n", str(t.samples), "--max_new_tokens", str(t.max_new_tokens), "--batch_size", str(t.batch_size),
-            "--seed", str(t.seed), "--device", "cpu", "--no_progress", "--out", str(run / "test"), "--overwrite"]
+    return ["eval", "--model", str(run), "--benchmark", study.arm_task(arm), "--split", t.split, "--limit",
+            str(t.problems), "--n", str(t.samples), "--max_new_tokens", str(t.max_new_tokens), "--batch_size",
+            str(t.batch_size), "--seed", str(t.seed), "--device", "cpu", "--no_progress", "--out", str(run / "test"),
+            "--overwrite"]
 
 
 def _command(args: list[str]) -> int:
@@ -143,6 +144,7 @@ def check_commit(study: Study) -> tuple[str | None, str | None]:
 
 def run_one(study: Study, arm: str, seed: int, runs: Path, into: Path | None = None) -> Path:
     """Train (resuming), test and keep one run's record; returns the record's path. Done steps are not redone."""
+    refuse_unrunnable(study, "run")
     if arm not in study.arms or arm in study.reuse:
         raise UsageError(f"arm {arm!r}: this study runs {study.own_arms()}.")
     if seed not in study.seeds:
@@ -168,10 +170,10 @@ def run_one(study: Study, arm: str, seed: int, runs: Path, into: Path | None = N
     logged = [{"step": r["step"], **{k: r[k] for k in study.train_log if k in r}}
               for r in state["log_history"] if "reward" in r]
     spec = study.arms[arm]
-    record = {"arm": arm, "task": study.task, "seed": seed, "global_step": state["global_step"],
+    record = {"arm": arm, "task": study.arm_task(arm), "seed": seed, "global_step": state["global_step"],
               "recipe": spec.recipe, "flags": spec.flags(), "commit": commit, "src_tree": tree,
               **record_of(json.loads((run / "test" / "report.json").read_text()), run / "test" / "samples.csv",
-                          study.task, study.test.samples),
+                          study.arm_task(arm), study.test.samples),
               "train": logged, **times}
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, record)
@@ -188,7 +190,7 @@ def _train_and_test(study: Study, arm: str, seed: int, run: Path, log: Path, tim
         write_json(run / "times.json", times)
     if not (run / "test" / "report.json").is_file():
         t0 = time.time()
-        _step(_test_args(study, run), log)
+        _step(_test_args(study, arm, run), log)
         times["test_s"] = round(time.time() - t0)
         write_json(run / "times.json", times)
 
@@ -204,6 +206,7 @@ def queue(study: Study, runs: Path, slots: int = 2, into: Path | None = None, on
     """Run every pending (arm, seed) in ``slots`` worker processes of one thread each; ``on_record`` (a shell
     command, given the record's path as ``$STUDY_RECORD``) runs after each record is written. Returns what
     finished and what failed (a failed run is not retried in this call: its log says why)."""
+    refuse_unrunnable(study, "queue")
     check_commit(study)
     todo, lock = pending(study, into), threading.Lock()
     done, failed = [], []

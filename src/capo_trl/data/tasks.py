@@ -3,7 +3,7 @@
 Each task is a dataset function (its train, validation and test splits, disjoint by a hash of the
 problem text) and the start model shipped for it. ``arithmetic`` is the control, where RL does not
 cost calibration; the guessable-items tasks are where GRPO can turn an uncertain model into a
-confident guesser (``docs/results/guess-half-comparison/``).
+confident guesser (the test-bed studies of ``docs/results/``).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""The analysis of a pre-registered, group-sequential comparison by seed, as its protocol fixes it in advance.
+"""The analysis of a pre-registered, group-sequential comparison by seed, as its study file fixes it in advance.
 
-A study's folder holds ``config.json`` (the method labels it ran, in arm order), ``start.json`` and one
-``<arm>/seed<k>.json`` per finished run (the test-bed record, :mod:`capo_trl.harness.testbed`). What the
-analysis shows depends only on those files, so anyone re-renders it from a clone:
+A study's folder holds its ``study.yaml`` (the plan: :class:`~capo_trl.harness.study.Plan`, read by
+:func:`~capo_trl.harness.study.load_study`), ``start.json`` and one record per finished run. A test-bed study's
+folder also holds ``config.json`` (the method labels the test-bed driver ran, in arm order). What the analysis
+shows depends only on those files, so anyone re-renders it from a clone:
 
 - before the first look, progress only (no endpoint is computed, so nobody peeks);
 - at a look (the first ``looks[i][0]`` complete seeds, by seed number), the primary contrast's paired t
@@ -12,14 +13,14 @@ analysis shows depends only on those files, so anyone re-renders it from a clone
   or when ``closed.json`` (written by ``close`` at the deadline) says so: then the last look is the final one,
   on every complete seed.
 
-    python -m capo_trl.harness.confirmatory collect --runs runs/testbed/mask-study --into docs/results/guess-half-mask-study
-    python -m capo_trl.harness.confirmatory restore --runs runs/testbed/mask-study --into docs/results/guess-half-mask-study
-    python -m capo_trl.harness.confirmatory report --into docs/results/guess-half-mask-study
-    python -m capo_trl.harness.confirmatory close --into docs/results/guess-half-mask-study
+A study whose arms are harness presets runs through the test-bed driver (``python -m capo_trl.harness.testbed run
+--out RUNS``), which names each run by its method's label; ``collect`` copies them into the study's folder under
+the arms' names and ``restore`` puts them back (a study whose arms are recipes is run by ``capo-trl study``)::
 
-The plan is the folder's name (``PLANS``): ``guess-half-mask-study``, ``guess-redraw-study`` and
-``smollm2-study`` and ``smollm2-lr-study`` (the real model's; their runs come from ``scripts/real_study.py`` and
-``scripts/real_lr_study.py``, not the test-bed runner).
+    python -m capo_trl.harness.confirmatory collect --runs RUNS --into STUDY_FOLDER
+    python -m capo_trl.harness.confirmatory restore --runs RUNS --into STUDY_FOLDER
+    python -m capo_trl.harness.confirmatory report --into STUDY_FOLDER
+    python -m capo_trl.harness.confirmatory close --into STUDY_FOLDER
 """
 
 from __future__ import annotations
@@ -29,79 +30,12 @@ import datetime
 import json
 import math
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .paired import holm, paired_test
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What a protocol fixes before its first run: arms (name -> method label, the first the reference), the
-    primary contrast, the looks (complete seeds, two-sided alpha), the ordered secondaries and the safety rules."""
-
-    arms: dict
-    primary: tuple  # (endpoint, arm, minus arm)
-    looks: tuple  # ((complete seeds, alpha), ...); the last is the final look
-    secondaries: tuple  # ((endpoint, arm, minus arm), ...), one Holm family
-    deadline: str
-    family_alpha: float = 0.05
-    safety: tuple = ("accuracy",)
-    collapse_tokens: float = 36.0  # a run whose mean completion length on the test split is at least this ...
-    min_finished: float = 0.0  # ... or whose share of samples that ended (EOS) within the limit is below this
-    descriptive: tuple = ("e_aurc", "ece", "auroc_question", "coverage@0.8", "derivable/accuracy",
-                          "guessable/accuracy", "derivable/mean_score", "guessable/mean_score")
-    undefined_auroc: float | None = None  # what an undefined AUROC (one class only) counts as; None: refused
-
-    @property
-    def max_seeds(self) -> int:
-        return self.looks[-1][0]
-
-
-_FIXED = "ref_thresholds=fixed:ref_high=1.0336:ref_low=1.0563"
-MASK_STUDY = Plan(
-    arms={"grpo": "grpo:skip_zero_advantage_rows=true", "capo-nomask": "capo-nomask", "capo-fixed": f"capo:{_FIXED}",
-          "capo-mask-correct": f"capo-mask-correct:{_FIXED}", "capo-mask-wrong": f"capo-mask-wrong:{_FIXED}",
-          "capo-fixed-unmasked": f"capo:{_FIXED}:noise_mask_normalizer=unmasked"},
-    primary=("auroc", "capo-nomask", "grpo"),
-    looks=((12, 0.005), (24, 0.047)),
-    secondaries=(("guessable/modal_share", "capo-nomask", "grpo"), ("auroc", "capo-fixed", "capo-nomask"),
-                 ("auroc", "capo-mask-correct", "capo-nomask"), ("auroc", "capo-mask-wrong", "capo-nomask"),
-                 ("auroc", "capo-fixed-unmasked", "capo-nomask")),
-    deadline="2026-12-20T00:00:00+00:00",
-)
-# The primary contrast replicated on the second test bed (guess-redraw-pilot/protocol.md, "If it is a test bed"):
-# 12 seeds, no interim look, no secondaries; the deadline was added before its first run (its page says so).
-REDRAW_STUDY = Plan(arms={"grpo": "grpo", "capo-nomask": "capo-nomask"}, primary=("auroc", "capo-nomask", "grpo"),
-                    looks=((12, 0.05),), secondaries=(), deadline="2027-01-15T00:00:00+00:00")
-# The real model's study (smollm2-study/protocol.md): SmolLM2-135M-Instruct (dequantised Q4_1) with LoRA on the
-# task its pilot found a test bed; every arm on every seed (100 onwards: the pilot's seeds chose the task), no
-# interim look; a run collapsed if its test completions average 30 of the 32 tokens or fewer than half finish.
-REAL_STUDY = Plan(
-    arms={"grpo": "grpo", "capo-nomask": "capo-nomask", "capo-mask-paper": "capo-mask-paper",
-          "capo-mask-measured": "capo-mask-measured"},
-    primary=("auroc", "capo-nomask", "grpo"),
-    looks=((12, 0.05),),
-    secondaries=(("auroc_question", "capo-nomask", "grpo"), ("ece", "capo-nomask", "grpo"),
-                 ("e_aurc", "capo-nomask", "grpo"), ("auroc", "capo-mask-paper", "capo-nomask"),
-                 ("auroc", "capo-mask-measured", "capo-nomask")),
-    deadline="2026-12-31T00:00:00+00:00",
-    collapse_tokens=30.0, min_finished=0.5, undefined_auroc=0.5,  # amendment 1, before any look
-    descriptive=("auroc_question", "ece", "e_aurc", "finished_frac", "derivable/accuracy", "guessable/accuracy"),
-)
-# The real model's second study (smollm2-lr-study/protocol.md): the first's grpo and capo-nomask at the exploratory
-# learning-rate pilot's 3e-4 (smollm2-lr/), on new seeds (200 onwards), no mask arms, the first's rules otherwise.
-_G, _C = "grpo-lr3e-4", "capo-nomask-lr3e-4"
-REAL_LR_STUDY = Plan(
-    arms={_G: _G, _C: _C}, primary=("auroc", _C, _G), looks=((12, 0.05),),
-    secondaries=(("auroc_question", _C, _G), ("ece", _C, _G), ("e_aurc", _C, _G)),
-    deadline="2027-01-15T00:00:00+00:00", collapse_tokens=30.0, min_finished=0.5, undefined_auroc=0.5,
-    descriptive=REAL_STUDY.descriptive,
-)
-PLANS = {"guess-half-mask-study": MASK_STUDY, "guess-redraw-study": REDRAW_STUDY, "smollm2-study": REAL_STUDY,
-         "smollm2-lr-study": REAL_LR_STUDY}
+from .study import Plan, load_study
 
 
 def check_config(folder: Path, plan: Plan) -> dict:
@@ -330,6 +264,9 @@ def render(analysis: dict, plan: Plan) -> str:
 def close(folder: Path, plan: Plan, now: datetime.datetime | None = None) -> dict:
     """At the deadline: record that the study ends with the seeds complete now (refused before the deadline)."""
     now = now or datetime.datetime.now(datetime.timezone.utc)
+    if plan.deadline is None:
+        raise ValueError("the study states no deadline (deadline: null), so it is not closed: it ends at "
+                         f"{plan.max_seeds} complete seeds.")
     if now < datetime.datetime.fromisoformat(plan.deadline):
         raise ValueError(f"the deadline is {plan.deadline}; before it the study ends only at {plan.max_seeds} "
                          "complete seeds or when a look stops it.")
@@ -342,14 +279,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      allow_abbrev=False)
     parser.add_argument("command", choices=("collect", "restore", "report", "close"))
-    parser.add_argument("--into", type=Path, required=True, help="the study's folder under docs/results/")
+    parser.add_argument("--into", type=Path, required=True, help="the study's folder (holds study.yaml)")
     parser.add_argument("--runs", type=Path, help="collect, restore: the folder `harness.testbed run --out` writes")
-    parser.add_argument("--plan", default=None, help=f"one of {sorted(PLANS)} (default: the folder's name)")
     args = parser.parse_args(argv)
-    plan_name = args.plan or args.into.name
-    if plan_name not in PLANS:
-        parser.error(f"--plan: no plan named {plan_name!r}; use one of {sorted(PLANS)}")
-    plan = PLANS[plan_name]
+    plan = load_study(args.into).plan
     if args.command in ("collect", "restore"):
         if args.runs is None:
             parser.error(f"{args.command} needs --runs (the folder `python -m capo_trl.harness.testbed run --out` writes)")

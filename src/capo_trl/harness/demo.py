@@ -21,7 +21,7 @@ from pathlib import Path
 from . import runs
 from ..evaluation.plots import DEMO_PANELS
 from .driver import Study, run_study
-from .evidence import REAL_RESULT, REAL_STUDY_FOLDER, STUDY_OF_TASK, STUDY_RESULTS, real_words, study_words
+from .evidence import REAL_RESULT, STUDY_RESULTS, real_words, study_words
 from .paired import paired_interval
 from .presets import Budget, check_budget, check_methods, parse_methods
 from .runs import HEADLINE, START, headline
@@ -67,7 +67,7 @@ def demo_budget(task: str = DEMO_TASK, **fields) -> Budget:
 def evidence(budget: Budget) -> str:
     """What the committed studies say about the task the demo ran, how far its one run can speak to it, and what
     the real model's study found (another model and task: said apart)."""
-    return (_tiny_evidence(budget) + f"\nOn a real model, not this demo's (docs/results/{REAL_STUDY_FOLDER}/):\n"
+    return (_tiny_evidence(budget) + "\nOn a real model, not this demo's (docs/results/smollm2-study/):\n"
             + real_words(REAL_RESULT))
 
 
@@ -113,31 +113,44 @@ def _same_method(a: dict, b: dict) -> bool:
     return {k: v for k, v in a.items() if k != drop} == {k: v for k, v in b.items() if k != drop}
 
 
+def _study_of(task: str, results: Path):
+    """The committed confirmatory study of ``task`` whose look stopped it (its study.yaml), None where none did."""
+    from . import confirmatory
+    from .study import load_study
+    from .study_report import records
+
+    for path in sorted(Path(results).glob("*/study.yaml")):
+        study = load_study(path.parent)
+        if study.kind != "confirmatory" or study.task != task or any(a.preset is None for a in study.arms.values()):
+            continue
+        runs = records(study)
+        look = confirmatory.analyse(study.folder, study.plan, ({"seeds": study.seeds}, runs))["look"]
+        if look is not None and look["stop"]:
+            return study, runs, look
+    return None
+
+
 def committed_study(budget: Budget, methods: list, results: Path = RESULTS) -> dict | None:
     """The committed pre-registered study of the demo's task, read from its run files: for each demo arm
     (``methods``: parsed ``[(label, overrides)]``) that one of its arms trained, every :data:`SHOWN` endpoint on
     each seed of the look that ended it, with their mean and 95% t interval; its start model's; its budget. None
     where no study ran this task from its own start model, or its files are not here (an installed package)."""
-    name = STUDY_OF_TASK.get(budget.task)
-    folder = Path(results) / name if name else None
-    if folder is None or budget.model is not None or budget.grader_noise or not (folder / "config.json").is_file():
+    if budget.model is not None or budget.grader_noise or not Path(results).is_dir():
         return None
-    from .confirmatory import PLANS, analyse, load
-
-    plan = PLANS[name]
-    config, runs = load(folder, plan)
-    look = analyse(folder, plan, (config, runs))["look"]
-    if look is None or not look["stop"]:
+    found = _study_of(budget.task, results)
+    if found is None:
         return None
+    study, runs, look = found
     seeds, arms = look["seeds"], {}
     for label, overrides in methods:
-        arm = next((arm for arm, method in plan.arms.items() if _same_method(overrides, parse_methods(method)[0][1])),
+        arm = next((name for name, a in study.arms.items() if _same_method(overrides, parse_methods(a.preset)[0][1])),
                    None)
         if arm is not None:
             arms[label] = {"arm": arm, **{key: _spread([runs[arm][s][key] for s in seeds]) for key in SHOWN}}
-    start = json.loads((folder / "start.json").read_text())
-    return {"folder": f"docs/results/{name}/", "seeds": len(seeds), "steps": config["steps"],
-            "test_problems": config["test_problems"], "start": {key: start[key] for key in SHOWN}, "arms": arms}
+    start = json.loads((study.folder / "start.json").read_text())
+    return {"folder": f"docs/results/{study.name}/", "seeds": len(seeds), "steps": study.steps,
+            "test_problems": study.budget["test_problems"], "start": {key: start[key] for key in SHOWN},
+            "arms": arms}
 
 
 def _spread(values: list) -> dict:
@@ -148,10 +161,9 @@ def _spread(values: list) -> dict:
 def against_study(before: dict, records: list[dict], study: dict | None, budget: Budget) -> str:
     """This run's test numbers beside the committed study's seeds, endpoint by endpoint (higher is better)."""
     if study is None:
-        name = STUDY_OF_TASK.get(budget.task)
-        if name and budget.model is None and not budget.grader_noise:
-            return (f"The committed study's run files (docs/results/{name}/) are not in this installation, so this "
-                    "run is not drawn against its seeds; a source checkout has them.")
+        if budget.task in STUDY_RESULTS and budget.model is None and not budget.grader_noise:
+            return ("The committed study's run files (docs/results/) are not in this installation, so this run is "
+                    "not drawn against its seeds; a source checkout has them.")
         return ""
     width = max(len(START), *(len(r["method"]) for r in records))
     lines = [f"This run against the committed study's {study['seeds']} seeds ({study['folder']}: {study['steps']} "

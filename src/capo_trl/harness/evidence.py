@@ -3,14 +3,18 @@ the results index and ``capo-trl demo`` print.
 
 The demo runs from an installed package, without docs/results/, so each study's numbers are kept here
 (:data:`STUDY_RESULTS`), rounded as they are printed; :func:`measure` computes the same dict from a study's
-committed run files with the protocol's analysis (:mod:`capo_trl.harness.confirmatory`), ``tests/test_tasks.py``
-checks the two are equal, and ``scripts/results_tables.py`` renders the pages' blocks from :func:`measure`.
+committed run files with the analysis its ``study.yaml`` fixes (:mod:`capo_trl.harness.confirmatory`),
+``tests/test_tasks.py`` checks the two are equal, and ``scripts/results_tables.py`` renders the pages' blocks from
+:func:`measure`. Which study each page cites is the renderer's to say: nothing here names a study's folder.
 """
 
 from __future__ import annotations
 
 import textwrap
-from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .study import Study
 
 # Every endpoint the protocols fix (primary, safety, descriptive), as the tables name them; E-AURC and ECE: lower
 # is better. Each contrast is CAPO without the mask minus GRPO, paired by seed, 95% t interval.
@@ -24,7 +28,7 @@ MASK_ARMS = {"both": "capo-fixed", "correct": "capo-mask-correct", "wrong": "cap
 # committed files. Per endpoint: (mean, low, high, seeds where CAPO was lower); "primary": at the look's level.
 STUDY_RESULTS = {
     "guess-half": {
-        "folder": "guess-half-mask-study", "seeds": 12, "level": 0.995, "start": 0.884, "grpo": 0.764,
+        "seeds": 12, "level": 0.995, "start": 0.884, "grpo": 0.764,
         "nomask": 0.878, "primary": (0.114, 0.019, 0.209), "p": 0.0015, "flip_p": 0.0005, "favour": 12,
         "collapsed": 0, "stopped": "stopped for efficacy at its interim look",
         "endpoints": {"auroc": (0.114, 0.054, 0.174, 0), "auroc_question": (-0.016, -0.057, 0.025, 5),
@@ -34,7 +38,7 @@ STUDY_RESULTS = {
                  "wrong": (-0.024, -0.07, 0.022, 0.2791), "unmasked": (-0.09, -0.156, -0.025, 0.0225)},
     },
     "guess-redraw": {
-        "folder": "guess-redraw-study", "seeds": 12, "level": 0.95, "start": 0.884, "grpo": 0.768, "nomask": 0.901,
+        "seeds": 12, "level": 0.95, "start": 0.884, "grpo": 0.768, "nomask": 0.901,
         "primary": (0.132, 0.086, 0.178), "p": 0.0001, "flip_p": 0.0005, "favour": 12, "collapsed": 0,
         "stopped": "at its final look",
         "endpoints": {"auroc": (0.132, 0.086, 0.178, 0), "auroc_question": (-0.051, -0.082, -0.02, 10),
@@ -42,36 +46,36 @@ STUDY_RESULTS = {
                       "accuracy": (-0.023, -0.036, -0.01, 10)},
     },
 }
-STUDY_OF_TASK = {"guess-half": "guess-half-mask-study", "guess-redraw": "guess-redraw-study"}
 
 
-def measure(folder: Path, task: str) -> dict:
-    """:data:`STUDY_RESULTS`'s entry for ``task``, computed from the study's committed files in ``folder``."""
+def measure(study: Study) -> dict:
+    """:data:`STUDY_RESULTS`'s entry of a test-bed study, computed from its committed files with the analysis its
+    ``study.yaml`` fixes (CAPO without the mask and GRPO: its primary contrast's two arms)."""
     import numpy as np
 
-    from .confirmatory import PLANS, analyse, load
     from .paired import paired_test
+    from .study_report import analysis, records
 
-    plan = PLANS[folder.name]
-    a = analyse(folder, plan)
+    a = analysis(study)
     if a["look"] is None or not a["look"]["stop"]:
-        raise ValueError(f"{folder}: the study has not reached a look that ends it; nothing to report yet.")
-    _, runs = load(folder, plan)
+        raise ValueError(f"{study.folder}: the study has not reached a look that ends it; nothing to report yet.")
+    runs = records(study)
     seeds, p = a["look"]["seeds"], a["primary"]
+    _, capo, grpo = study.plan.primary
 
     def r3(*values):
         return tuple(round(v, 3) for v in values)
 
     endpoints = {}
     for key in ENDPOINTS:
-        d = np.subtract([runs["capo-nomask"][s][key] for s in seeds], [runs["grpo"][s][key] for s in seeds])
+        d = np.subtract([runs[capo][s][key] for s in seeds], [runs[grpo][s][key] for s in seeds])
         c = paired_test(d, 0.95, flip=False)
         endpoints[key] = (*r3(c["mean"], c["low"], c["high"]), int((d < 0).sum()))
-    found = {"folder": folder.name, "seeds": len(seeds), "level": round(p["confidence"], 3),
-             "start": round(a["start"]["auroc"], 3), "grpo": round(a["means"]["grpo"]["auroc"], 3),
-             "nomask": round(a["means"]["capo-nomask"]["auroc"], 3), "primary": r3(p["mean"], p["low"], p["high"]),
+    found = {"seeds": len(seeds), "level": round(p["confidence"], 3),
+             "start": round(a["start"]["auroc"], 3), "grpo": round(a["means"][grpo]["auroc"], 3),
+             "nomask": round(a["means"][capo]["auroc"], 3), "primary": r3(p["mean"], p["low"], p["high"]),
              "p": round(p["p"], 4), "flip_p": round(p["flip_p"], 4), "favour": p["favour"],
-             "collapsed": len(a["collapse"]["capo-nomask"]),
+             "collapsed": len(a["collapse"][capo]),
              "stopped": ("stopped for efficacy at its interim look" if a["look"]["reason"] == "efficacy"
                          else "at its final look"),
              "endpoints": endpoints}
@@ -164,9 +168,8 @@ def headline(r: dict | None = None, real: dict | None = None) -> str:
         "absolute tau and 1/tau scale, and larger models, are untested by us.")
 
 
-# The real model's study (smollm2-study/protocol.md): its words are written here before its look, so that what
-# the README says of it follows from the intervals by rules fixed in advance, not from reading the numbers.
-REAL_STUDY_FOLDER = "smollm2-study"
+# The real model's first study: its words are written here before its look, so that what the README says of it
+# follows from the intervals by rules fixed in advance, not from reading the numbers.
 REAL_MODEL = "SmolLM2-135M-Instruct (dequantised from Q4_1, LoRA on CPU)"
 # The real model's study at the look that ended it, as measure_real() gives it: the demo runs without
 # docs/results/, so it prints real_words() of this; tests/test_tasks.py checks it against the committed files.
@@ -189,22 +192,21 @@ REAL_PENDING = (
     "(without that, 2 of 6 runs drifted into answers that never end); whether CAPO keeps it there is the question "
     "of a confirmatory study committed before its runs, running now, its analysis at {planned} complete seeds.")
 
-# The second study (smollm2-lr-study/protocol.md), its words fixed before its look as the first's were.
-REAL_LR_STUDY_FOLDER = "smollm2-lr-study"
+# The second study (at learning rate 3e-4), its words fixed before its look as the first's were.
 REAL_LR_PENDING = (
     "A second pre-registered study asks the same question at learning rate 3e-4 (GRPO against CAPO without the "
     "noise mask, 100 steps; its protocol committed before its runs, which started on 2026-12-05). No result yet: "
     "its one analysis comes at {planned} complete seeds.")
 
 
-def measure_real(folder: Path, plan=None) -> dict:
-    """A real-model study (``plan``: the first, REAL_STUDY, unless given) at the look that ends it, rounded as
-    printed; before that look (``look`` False) only its safety reading: how many of the finished runs of each arm
-    collapsed by the protocol's rule. ``grpo`` and ``nomask`` are the means of its primary's two arms."""
-    from .confirmatory import REAL_STUDY, analyse
+def measure_real(study: Study) -> dict:
+    """A real-model study at the look that ends it, rounded as printed; before that look (``look`` False) only its
+    safety reading: how many of the finished runs of each arm collapsed by its file's rule. ``grpo`` and ``nomask``
+    are the means of its primary's two arms."""
+    from .study_report import analysis
 
-    plan = plan or REAL_STUDY
-    a = analyse(folder, plan)
+    plan = study.plan
+    a = analysis(study)
     if a["look"] is None or not a["look"]["stop"]:
         return {"look": False, "planned": len(a["planned_seeds"]),
                 "finished": {arm: len(s) for arm, s in a["finished"].items()},
@@ -257,7 +259,7 @@ def real_words(r: dict) -> str:
 
 
 def real_lr_words(r: dict) -> str:
-    """The real model's second study (smollm2-lr-study/) in words, fixed like the first's before its look: before
+    """The real model's second study (at learning rate 3e-4) in words, fixed like the first's before its look: before
     it that no result exists (no count, so a finished run changes no page but the study's own); at it every
     pre-registered endpoint."""
     if not r["look"]:
@@ -294,9 +296,10 @@ def _look_words(r: dict, lead: str, undefined_rule: str) -> str:
         "from the tiny models'.")
 
 
-def real_mask_words(r: dict) -> str:
+def real_mask_words(r: dict, folder: str) -> str:
     """What the real model's study found of the noise mask, for the recommendation's mask line (rendered from the
-    study's files): each mask arm against CAPO without it, and the runs of each arm that collapsed."""
+    study's files, in ``folder`` under docs/results/): each mask arm against CAPO without it, and the runs of each
+    arm that collapsed."""
     arms = {arm: (m, lo, hi, hp) for e, arm, minus, m, lo, hi, hp in r["secondary"] if e == "auroc"}
 
     def said(arm: str) -> str:
@@ -306,7 +309,7 @@ def real_mask_words(r: dict) -> str:
     c, n = r["collapsed"], r["seeds"]
     kind = "" if r["holds"] else ", exploratory since the study's primary does not hold"
     return (f"on a real model, {REAL_MODEL}, on two-digit addition, with the embedded preset's relative tau and "
-            f"matched scale at learning rate 1e-3 (docs/results/{REAL_STUDY_FOLDER}/, {n} seeds), "
+            f"matched scale at learning rate 1e-3 (docs/results/{folder}/, {n} seeds), "
             f"{_real_verdict(r)} (pooled AUROC {_iv(r['primary'])}, p = {r['p']:.4f}), and "
             f"pooled AUROC against CAPO without the "
             f"mask was {said('capo-mask-paper')} with the paper's thresholds and {said('capo-mask-measured')} "
@@ -315,6 +318,6 @@ def real_mask_words(r: dict) -> str:
             f"ones, {c['capo-nomask']} without the mask, {c['grpo']} under GRPO")
 
 
-__all__ = ["ENDPOINTS", "REAL_LR_STUDY_FOLDER", "REAL_RESULT", "REAL_STUDY_FOLDER", "STUDY_OF_TASK", "STUDY_RESULTS",
+__all__ = ["ENDPOINTS", "REAL_RESULT", "STUDY_RESULTS",
            "endpoint_table", "headline", "measure", "measure_real", "real_lr_words", "real_mask_words", "real_words",
            "study_words"]

@@ -2,7 +2,8 @@
 
 Trains GRPO (the harness's `grpo` preset and budget) from a start model on the task's train split,
 one run per seed, and evaluates the start model and every run on the test split; then applies the
-criterion pre-registered in `docs/results/guess-pilots/protocol-300-steps.md` and writes, under ``--out``:
+test-bed criterion (:data:`REQUIRED`, :data:`E_AURC_FACTOR`, :data:`REPORTED`: every required check on every seed,
+the criterion the test-bed pilots pre-registered and their study files state) and writes, under ``--out``:
 ``start.json``, ``seed<k>.json`` (headline metrics, E-AURC, per item kind, validation history),
 ``per_seed.csv``, ``verdict.json`` and ``pilot.md`` (the table, rendered from those files).
 A finished seed is reused when the same command is rerun (the harness's one driver,

@@ -4,7 +4,7 @@ runs, queues, reports and closes it (``docs/studies.md``). The protocol's prose 
 The file (every key is checked when it is read; an error names the key and the fix)::
 
     question: Does CAPO keep pooled AUROC better than GRPO on my model?
-    kind: confirmatory            # or pilot (exploratory: a decision rule, no test)
+    kind: confirmatory            # or pilot (exploratory: a decision rule, no test), or measurement (below)
     model: smollm2-135m-instruct  # a short name (capo-trl fetch-model) or a path; omit for the recipe's
     task: addition                # capo_trl.data.tasks
     steps: 100
@@ -23,13 +23,33 @@ The file (every key is checked when it is read; an error names the key and the f
 
 Optional: ``train_log`` (the trainer's logged keys kept in each record), ``safety`` (endpoints compared with the
 first arm), ``descriptive``, ``decision`` (a pilot's rule: :mod:`capo_trl.harness.study_report`), ``reuse`` (an arm's
-records taken from another study's folder, with the reason), ``run_hours`` (one run's deadline), ``family_alpha``.
+records taken from another study's folder, with the reason), ``run_hours`` (one run's deadline), ``family_alpha``,
+``other_commits`` (why runs may come from other code), and:
+
+- ``records``: where a run's record lies in the folder, ``{arm}/seed{seed}.json`` by default (``{task}``: the arm's
+  task); a pattern must tell every run of the study apart.
+- an arm's ``task`` and ``steps``: the arm's own, where they differ from the study's (then the study's ``task`` or
+  ``steps`` may be left out when every arm has its own).
+- an arm's ``preset`` instead of a recipe: a method of the harness (``capo_trl.harness.presets``, amended as
+  ``preset:field=value``), trained by the test-bed driver (``python -m capo_trl.harness.testbed``) with the file's
+  ``budget`` (the fields of ``capo_trl.harness.presets.Budget`` other than steps, task and model). ``capo-trl study``
+  runs recipes only, so such a file says in ``cannot_run`` how its runs were made.
+- ``cannot_run``: why today's runner cannot run the study (its frozen commit predates ``capo-trl study``, its arms
+  are presets, its records are of another form, ...) and what ran it; ``run``, ``queue`` and ``start`` then refuse
+  with this text, while ``status`` and ``report`` read its records as usual.
+- ``criterion``: a pilot's checks of each run against the start model and the decisions they make
+  (:mod:`capo_trl.harness.criterion`).
+- ``deadline: null``: a pilot whose protocol set no date.
+
+``kind: measurement`` is a folder of measurements without training (a start model tested): its ``arms`` name only a
+task each (``{task: addition}``), it has no seeds, steps or analysis, and its ``cannot_run`` says what made its files.
 """
 
 from __future__ import annotations
 
 import datetime
 import math
+import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,46 +57,18 @@ from pathlib import Path
 import yaml
 
 from ..errors import UsageError
-from .confirmatory import Plan
+from .criterion import check_criterion
+from .study_keys import (ENDPOINTS, FILE, Arm, Plan, Test, check_decision, check_presets,
+                         contrast, key_path, mapping, number, read_arms, repo_root)
 
-FILE = "study.yaml"
-KINDS = ("pilot", "confirmatory")
-ENDPOINTS = ("accuracy", "auroc", "auroc_question", "ece", "e_aurc", "finished_frac", "mean_tokens")
-LOWER_IS_BETTER = ("ece", "e_aurc", "mean_tokens")
+KINDS = ("pilot", "confirmatory", "measurement")
 TRAIN_LOG = ("reward", "completions/mean_length", "completions/clipped_ratio", "grad_norm", "step_time",
              "capo/skipped_frac", "capo/auroc", "capo/tau", "capo/truncated_adv_share", "capo/truncated_adv_share_grpo",
              "capo/answered_truncated_frac")
 KEYS = {"question", "kind", "model", "task", "steps", "arms", "seeds", "test", "primary", "secondaries", "looks",
-         "collapse", "undefined_auroc", "deadline", "frozen_commit", "train_log", "safety", "descriptive", "decision",
-         "reuse", "run_hours", "family_alpha", "other_commits"}
-
-
-@dataclass(frozen=True)
-class Arm:
-    """One arm: a recipe (YAML, relative to the repository root) and the fields it overrides."""
-
-    name: str
-    recipe: str
-    overrides: dict = field(default_factory=dict)
-
-    def flags(self) -> list[str]:
-        """The overrides as ``capo-trl train`` flags, in the file's order."""
-        out = []
-        for key, value in self.overrides.items():
-            out += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
-        return out
-
-
-@dataclass(frozen=True)
-class Test:
-    """How every run is tested: the first ``problems`` of the task's ``split``, ``samples`` each, temperature 1."""
-
-    problems: int = 256
-    samples: int = 8
-    max_new_tokens: int = 32
-    seed: int = 0
-    batch_size: int = 64
-    split: str = "test"
+        "collapse", "undefined_auroc", "deadline", "frozen_commit", "train_log", "safety", "descriptive", "decision",
+        "reuse", "run_hours", "family_alpha", "other_commits", "records", "budget", "cannot_run", "criterion"}
+RECORDS = "{arm}/seed{seed}.json"
 
 
 @dataclass(frozen=True)
@@ -84,12 +76,12 @@ class Study:
     folder: Path
     question: str
     kind: str
-    task: str
-    steps: int
+    task: str | None
+    steps: int | None
     arms: dict
     seeds: list
     test: Test
-    deadline: str
+    deadline: str | None
     model: str | None = None
     plan: Plan | None = None  # what the analysis tests (confirmatory), or the pilot's collapse rule
     decision: dict | None = None
@@ -98,6 +90,10 @@ class Study:
     run_hours: float = 6.0
     frozen_commit: str | None = None
     other_commits: str | None = None  # why runs may come from commits other than the frozen one (None: they may not)
+    records: str = RECORDS
+    budget: dict | None = None  # the harness budget of preset arms
+    cannot_run: str | None = None  # why capo-trl study cannot run it (None: it can)
+    criterion: dict | None = None
 
     @property
     def name(self) -> str:
@@ -107,104 +103,54 @@ class Study:
         """The arms this study runs (not those whose records it reuses)."""
         return [a for a in self.arms if a not in self.reuse]
 
-    def record_path(self, arm: str, seed: int, into: Path | None = None) -> Path:
+    def arm_task(self, arm: str) -> str:
+        return self.arms[arm].task or self.task
+
+    def arm_steps(self, arm: str) -> int:
+        return self.arms[arm].steps or self.steps
+
+    def record_path(self, arm: str, seed: int | None, into: Path | None = None) -> Path:
         """Where a run's record lives: this folder (or ``into``), or the reused study's folder."""
         if arm in self.reuse:
-            source = self.reuse[arm]
-            return repo_root(self.folder) / source["folder"] / source["arm"] / f"seed{seed}.json"
-        return (into or self.folder) / arm / f"seed{seed}.json"
+            source = repo_root(self.folder) / self.reuse[arm]["folder"]
+            return source / records_pattern(source).format(arm=self.reuse[arm]["arm"], seed=seed,
+                                                           task=self.arm_task(arm))
+        return (into or self.folder) / self.records.format(arm=arm, seed=seed, task=self.arm_task(arm))
 
 
-def repo_root(folder: Path) -> Path:
-    """The repository a study folder lives in (``docs/results/<study>`` by convention), else its parent."""
-    folder = folder.resolve()
-    for parent in (folder, *folder.parents):
-        if (parent / ".git").exists() or (parent / "pyproject.toml").is_file():
-            return parent
-    return folder.parent
+def records_pattern(folder: Path) -> str:
+    """Where another study's folder keeps its records (its file's ``records``, read without the other checks)."""
+    path = folder / FILE
+    data = yaml.safe_load(path.read_text()) if path.is_file() else None
+    return (data or {}).get("records") or RECORDS
 
 
-def _where(folder: Path, key: str) -> str:
-    return f"{folder / FILE}: {key}"
-
-
-def _number(value, where: str, low: float, integer: bool = False, high: float = math.inf):
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or not low <= value <= high or (integer and int(value) != value):
-        kind = "an integer" if integer else "a number"
-        span = f">= {low:g}" if high == math.inf else f"in [{low:g}, {high:g}]"
-        raise UsageError(f"{where} = {value!r}; it must be {kind} {span}.")
-    return int(value) if integer else float(value)
-
-
-def _mapping(value, where: str) -> dict:
-    if not isinstance(value, dict):
-        raise UsageError(f"{where} must be a mapping (key: value lines), got {type(value).__name__}.")
-    return value
-
-
-def _contrast(value, where: str, arms: dict) -> tuple:
-    c = _mapping(value, where)
-    missing = {"endpoint", "arm", "minus"} - set(c)
-    if missing or set(c) - {"endpoint", "arm", "minus"}:
-        raise UsageError(f"{where} must be {{endpoint: E, arm: A, minus: B}}, got {c!r}.")
-    if c["endpoint"] not in ENDPOINTS:
-        raise UsageError(f"{where}.endpoint = {c['endpoint']!r}; use one of {ENDPOINTS}.")
-    for k in ("arm", "minus"):
-        if c[k] not in arms:
-            raise UsageError(f"{where}.{k} = {c[k]!r} is not an arm; the arms are {list(arms)}.")
-    return c["endpoint"], c["arm"], c["minus"]
-
-
-def _arms(value, folder: Path) -> dict:
-    arms = {}
-    for name, spec in _mapping(value, _where(folder, "arms")).items():
-        where = _where(folder, f"arms.{name}")
-        spec = _mapping(spec, where)
-        unknown = set(spec) - {"recipe", "overrides"}
-        if unknown or "recipe" not in spec:
-            raise UsageError(f"{where} must be {{recipe: PATH, overrides: {{field: value}}}}"
-                             + (f"; unknown keys {sorted(unknown)}" if unknown else "; it has no recipe") + ".")
-        if not (repo_root(folder) / spec["recipe"]).is_file():
-            raise UsageError(f"{where}.recipe = {spec['recipe']!r} is not a file (paths are relative to the "
-                             f"repository root, {repo_root(folder)}).")
-        arms[str(name)] = Arm(str(name), spec["recipe"], dict(_mapping(spec.get("overrides") or {}, where)))
-    if len(arms) < 1:
-        raise UsageError(f"{_where(folder, 'arms')} names no arm.")
-    return arms
-
-
-def _check_checkpoints(arms: dict, folder: Path, steps: int, reused: dict) -> None:
+def _check_checkpoints(arms: dict, folder: Path, steps: int | None, reused: dict) -> None:
     """Each run resumes from its checkpoints and its record reads the last one: every arm must save one at the end."""
     for arm in arms.values():
-        if arm.name in reused:
+        if arm.name in reused or arm.recipe is None:
             continue
         recipe = yaml.safe_load((repo_root(folder) / arm.recipe).read_text()) or {}
         settings = {**recipe, **arm.overrides}
-        every = settings.get("save_steps", 500)
-        if settings.get("save_strategy", "steps") != "steps" or not isinstance(every, int) or steps % every:
-            raise UsageError(f"{_where(folder, f'arms.{arm.name}')}: its runs save no checkpoint at step {steps} "
+        every, last = settings.get("save_steps", 500), arm.steps or steps
+        if settings.get("save_strategy", "steps") != "steps" or not isinstance(every, int) or last % every:
+            raise UsageError(f"{key_path(folder, f'arms.{arm.name}')}: its runs save no checkpoint at step {last} "
                              f"(save_strategy {settings.get('save_strategy', 'steps')!r}, save_steps {every!r}); a "
                              "run resumes from its checkpoints and its record reads the last one, so add "
-                             f"save_strategy: steps and a save_steps that divides {steps} to its overrides.")
+                             f"save_strategy: steps and a save_steps that divides {last} to its overrides.")
 
 
-_DECISION_KEYS = {"reference", "candidates", "max_accuracy_loss", "rank_by"}
-
-
-def check_decision(decision: dict, arms: dict, where: str) -> None:
-    """A pilot's decision rule names arms that exist, a margin >= 0 and endpoints a record has."""
-    if set(decision) != _DECISION_KEYS:
-        raise UsageError(f"{where} must have exactly {sorted(_DECISION_KEYS)}; it has {sorted(decision)}.")
-    for name in [decision["reference"], *decision["candidates"]]:
-        if name not in arms:
-            raise UsageError(f"{where} names {name!r}, which is not an arm; the arms are {list(arms)}.")
-    margin = decision["max_accuracy_loss"]
-    if not isinstance(margin, (int, float)) or isinstance(margin, bool) or not 0 <= margin < 1:
-        raise UsageError(f"{where}.max_accuracy_loss = {margin!r}; it must be a number in [0, 1).")
-    bad = [k for k in decision["rank_by"] if k not in ENDPOINTS]
-    if bad or not decision["rank_by"]:
-        raise UsageError(f"{where}.rank_by = {decision['rank_by']!r}; use endpoints of {ENDPOINTS}.")
+def _check_records(pattern, study: Study) -> None:
+    """A pattern with known placeholders, relative, that tells every run apart."""
+    where = key_path(study.folder, "records")
+    names = set(re.findall(r"{(\w*)}", pattern)) if isinstance(pattern, str) else {None}
+    if not isinstance(pattern, str) or names - {"arm", "seed", "task"} or pattern.startswith("/") or \
+            ".." in pattern.split("/") or not pattern.endswith(".json"):
+        raise UsageError(f"{where} = {pattern!r}; write a path relative to the study's folder ending in .json, with "
+                         "{arm}, {seed} and {task} where they vary (e.g. {arm}/seed{seed}.json).")
+    paths = [study.record_path(arm, seed) for arm in study.own_arms() for seed in (study.seeds or [None])]
+    if len(set(paths)) != len(paths):
+        raise UsageError(f"{where} = {pattern!r} gives two runs the same record; add {{arm}} or {{seed}}.")
 
 
 def load_study(folder: str | Path) -> Study:
@@ -217,84 +163,114 @@ def load_study(folder: str | Path) -> Study:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
         raise UsageError(f"{path} is not valid YAML: {' '.join(str(err).split())}") from err
-    data = _mapping(data, str(path))
+    data = mapping(data, str(path))
     unknown = sorted(set(data) - KEYS)
     if unknown:
         raise UsageError(f"{path}: unknown keys {unknown}; the keys are {sorted(KEYS)}.")
-    for key in ("question", "kind", "task", "steps", "arms", "seeds", "deadline"):
+    if data.get("kind") not in KINDS:
+        raise UsageError(f"{key_path(folder, 'kind')} = {data.get('kind')!r}; use one of {KINDS}.")
+    kind = data["kind"]
+    measured = kind == "measurement"
+    for key in ("question", "arms", *(("cannot_run",) if measured else ("seeds",))):
         if data.get(key) in (None, ""):
-            raise UsageError(f"{_where(folder, key)} is missing; every study states it (docs/studies.md).")
-    if data["kind"] not in KINDS:
-        raise UsageError(f"{_where(folder, 'kind')} = {data['kind']!r}; use one of {KINDS}.")
-    from ..data.tasks import get_task
+            raise UsageError(f"{key_path(folder, key)} is missing; every {'measurement' if measured else 'study'} "
+                             "states it (docs/studies.md).")
+    if "deadline" not in data or (data["deadline"] is None and kind == "confirmatory"):
+        raise UsageError(f"{key_path(folder, 'deadline')} is missing; every study states it (a pilot or measurement "
+                         "whose protocol set none: deadline: null).")
+    if measured and set(data) & {"seeds", "steps", "primary", "looks", "secondaries", "decision", "criterion"}:
+        raise UsageError(f"{path}: a measurement trains nothing, so it has no seeds, steps or analysis; its keys are "
+                         "question, kind, model, arms (a task each), test, records, cannot_run, deadline.")
+    arms = read_arms(data["arms"], folder, kind)
+    for key in ("task", "steps"):
+        if data.get(key) in (None, "") and not measured and not all(getattr(a, key) for a in arms.values()):
+            raise UsageError(f"{key_path(folder, key)} is missing; every study states it (or every arm its own).")
+    if data.get("task"):
+        from ..data.tasks import get_task
 
-    get_task(data["task"], f"{_where(folder, 'task')}")
-    arms = _arms(data["arms"], folder)
-    seeds = data["seeds"]
-    if not isinstance(seeds, list) or not seeds or len(set(seeds)) != len(seeds):
-        raise UsageError(f"{_where(folder, 'seeds')} must be a list of distinct integers, got {seeds!r}.")
-    seeds = [_number(s, _where(folder, "seeds"), 0, integer=True) for s in seeds]
-    test = Test(**{k: _number(v, _where(folder, f"test.{k}"), 1 if k != "seed" else 0, integer=True)
-                   if k != "split" else v for k, v in _mapping(data.get("test") or {}, _where(folder, "test")).items()})
-    try:
-        deadline = datetime.datetime.fromisoformat(str(data["deadline"]))
-    except ValueError as err:
-        raise UsageError(f"{_where(folder, 'deadline')} = {data['deadline']!r}; write it as 2027-01-15T00:00:00+00:00.") \
-            from err
-    if deadline.tzinfo is None:
-        raise UsageError(f"{_where(folder, 'deadline')} = {data['deadline']!r} has no time zone; add +00:00.")
+        get_task(data["task"], f"{key_path(folder, 'task')}")
+    seeds = data.get("seeds") or []
+    if not measured and (not isinstance(seeds, list) or len(set(seeds)) != len(seeds)):
+        raise UsageError(f"{key_path(folder, 'seeds')} must be a list of distinct integers, got {seeds!r}.")
+    seeds = [number(s, key_path(folder, "seeds"), 0, integer=True) for s in seeds]
+    budget = check_presets(data, arms, folder)
+    test = Test(**{k: number(v, key_path(folder, f"test.{k}"), 1 if k != "seed" else 0, integer=True)
+                   if k != "split" else v for k, v in mapping(data.get("test") or {}, key_path(folder, "test")).items()})
+    deadline = None
+    if data["deadline"] is not None:
+        try:
+            deadline = datetime.datetime.fromisoformat(str(data["deadline"]))
+        except ValueError as err:
+            raise UsageError(f"{key_path(folder, 'deadline')} = {data['deadline']!r}; write it as "
+                             "2027-01-15T00:00:00+00:00.") from err
+        if deadline.tzinfo is None:
+            raise UsageError(f"{key_path(folder, 'deadline')} = {data['deadline']!r} has no time zone; add +00:00.")
+        deadline = deadline.isoformat()
     reuse = {}
-    for arm, spec in _mapping(data.get("reuse") or {}, _where(folder, "reuse")).items():
-        where = _where(folder, f"reuse.{arm}")
-        spec = _mapping(spec, where)
+    for arm, spec in mapping(data.get("reuse") or {}, key_path(folder, "reuse")).items():
+        where = key_path(folder, f"reuse.{arm}")
+        spec = mapping(spec, where)
         if arm not in arms or set(spec) != {"folder", "arm", "why"}:
             raise UsageError(f"{where} must name an arm and be {{folder: docs/results/OTHER, arm: NAME, why: TEXT}}.")
         reuse[arm] = dict(spec)
-    _check_checkpoints(arms, folder, int(data["steps"]), reuse)
-    collapse = _mapping(data.get("collapse") or {}, _where(folder, "collapse"))
-    tokens = _number(collapse.get("mean_tokens", math.inf), _where(folder, "collapse.mean_tokens"), 1) \
+    steps = number(data["steps"], key_path(folder, "steps"), 1, integer=True) if data.get("steps") is not None else None
+    _check_checkpoints(arms, folder, steps, reuse)
+    cannot_run = data.get("cannot_run")
+    if cannot_run is not None and (not isinstance(cannot_run, str) or not cannot_run.strip()):
+        raise UsageError(f"{key_path(folder, 'cannot_run')} = {cannot_run!r}; say in words why capo-trl study cannot "
+                         "run the study and what ran it (or leave the key out).")
+    collapse = mapping(data.get("collapse") or {}, key_path(folder, "collapse"))
+    tokens = number(collapse.get("mean_tokens", math.inf), key_path(folder, "collapse.mean_tokens"), 1) \
         if "mean_tokens" in collapse else math.inf
-    finished = _number(collapse.get("min_finished", 0.0), _where(folder, "collapse.min_finished"), 0, high=1)
+    finished = number(collapse.get("min_finished", 0.0), key_path(folder, "collapse.min_finished"), 0, high=1)
     undefined = data.get("undefined_auroc")
     if undefined is not None:
-        undefined = _number(undefined, _where(folder, "undefined_auroc"), 0, high=1)
-    plan = _plan(data, folder, arms, tokens, finished, undefined, deadline.isoformat())
+        undefined = number(undefined, key_path(folder, "undefined_auroc"), 0, high=1)
+    plan = None if measured else _plan(data, folder, arms, seeds, tokens, finished, undefined, deadline)
     decision = data.get("decision")
-    if data["kind"] == "pilot" and decision is not None:
-        check_decision(_mapping(decision, _where(folder, "decision")), arms, _where(folder, "decision"))
-    return Study(folder=folder, question=str(data["question"]), kind=data["kind"], task=data["task"],
-                 steps=_number(data["steps"], _where(folder, "steps"), 1, integer=True), arms=arms, seeds=seeds,
-                 test=test, deadline=deadline.isoformat(), model=data.get("model"), plan=plan, decision=decision,
-                 reuse=reuse, train_log=tuple(data.get("train_log") or TRAIN_LOG),
-                 run_hours=_number(data.get("run_hours", 6.0), _where(folder, "run_hours"), 0.01),
-                 frozen_commit=data.get("frozen_commit"), other_commits=data.get("other_commits"))
+    if kind == "pilot" and decision is not None:
+        check_decision(mapping(decision, key_path(folder, "decision")), arms, key_path(folder, "decision"))
+    criterion = data.get("criterion")
+    if criterion is not None:
+        criterion = check_criterion(criterion, key_path(folder, "criterion"), list(arms), seeds, ENDPOINTS)
+    study = Study(folder=folder, question=str(data["question"]), kind=kind, task=data.get("task"),
+                  steps=steps,
+                  arms=arms, seeds=seeds, test=test, deadline=deadline, model=data.get("model"), plan=plan,
+                  decision=decision, reuse=reuse, train_log=tuple(data.get("train_log") or TRAIN_LOG),
+                  run_hours=number(data.get("run_hours", 6.0), key_path(folder, "run_hours"), 0.01),
+                  frozen_commit=data.get("frozen_commit"), other_commits=data.get("other_commits"),
+                  records=data.get("records") or RECORDS, budget=budget, cannot_run=cannot_run, criterion=criterion)
+    _check_records(study.records, study)
+    return study
 
 
-def _plan(data: dict, folder: Path, arms: dict, tokens: float, finished: float, undefined, deadline: str) -> Plan:
-    """The analysis the file fixes, as :class:`~capo_trl.harness.confirmatory.Plan` (a pilot: its collapse rule)."""
+def _plan(data: dict, folder: Path, arms: dict, seeds: list, tokens: float, finished: float, undefined,
+          deadline: str | None) -> Plan:
+    """The analysis the file fixes, as a :class:`Plan` (a pilot: its collapse rule)."""
     first = next(iter(arms))
+    labels = {a: arm.label for a, arm in arms.items()}
+    extra = {k: tuple(data[k]) for k in ("safety", "descriptive") if data.get(k) is not None}
     if data["kind"] == "pilot":
-        return Plan(arms={a: a for a in arms}, primary=("auroc", first, first), looks=((len(data["seeds"]), 1.0),),
+        return Plan(arms=labels, primary=("auroc", first, first), looks=((len(seeds), 1.0),),
                     secondaries=(), deadline=deadline, collapse_tokens=tokens, min_finished=finished,
-                    undefined_auroc=undefined)
+                    undefined_auroc=undefined, **extra)
     if data.get("primary") is None or data.get("looks") is None:
-        raise UsageError(f"{_where(folder, 'primary')} and looks: a confirmatory study fixes its primary contrast "
+        raise UsageError(f"{key_path(folder, 'primary')} and looks: a confirmatory study fixes its primary contrast "
                          "and its looks ([{seeds: N, alpha: A}]) before its first run.")
-    primary = _contrast(data["primary"], _where(folder, "primary"), arms)
-    secondaries = tuple(_contrast(c, _where(folder, f"secondaries[{i}]"), arms)
+    primary = contrast(data["primary"], key_path(folder, "primary"), arms)
+    secondaries = tuple(contrast(c, key_path(folder, f"secondaries[{i}]"), arms)
                         for i, c in enumerate(data.get("secondaries") or []))
     looks = []
     for i, look in enumerate(data["looks"] if isinstance(data["looks"], list) else [None]):
-        where = _where(folder, f"looks[{i}]")
-        look = _mapping(look, where)
-        looks.append((_number(look.get("seeds"), f"{where}.seeds", 2, integer=True),
-                      _number(look.get("alpha"), f"{where}.alpha", 1e-9, high=1)))
-    if [n for n, _ in looks] != sorted({n for n, _ in looks}) or looks[-1][0] > len(data["seeds"]):
-        raise UsageError(f"{_where(folder, 'looks')}: the looks' seeds must rise and the last ({looks[-1][0]}) be at "
-                         f"most the {len(data['seeds'])} seeds listed.")
-    extra = {k: tuple(data[k]) for k in ("safety", "descriptive") if data.get(k) is not None}
-    return Plan(arms={a: a for a in arms}, primary=primary, looks=tuple(looks), secondaries=secondaries,
-                deadline=deadline, family_alpha=_number(data.get("family_alpha", 0.05), _where(folder, "family_alpha"),
+        where = key_path(folder, f"looks[{i}]")
+        look = mapping(look, where)
+        looks.append((number(look.get("seeds"), f"{where}.seeds", 2, integer=True),
+                      number(look.get("alpha"), f"{where}.alpha", 1e-9, high=1)))
+    if [n for n, _ in looks] != sorted({n for n, _ in looks}) or looks[-1][0] > len(seeds):
+        raise UsageError(f"{key_path(folder, 'looks')}: the looks' seeds must rise and the last ({looks[-1][0]}) be at "
+                         f"most the {len(seeds)} seeds listed.")
+    return Plan(arms=labels, primary=primary, looks=tuple(looks), secondaries=secondaries,
+                deadline=deadline, family_alpha=number(data.get("family_alpha", 0.05), key_path(folder, "family_alpha"),
                                                         1e-9, high=1),
                 collapse_tokens=tokens, min_finished=finished, undefined_auroc=undefined, **extra)
 
@@ -326,6 +302,7 @@ def frozen_tree(commit: str) -> str | None:
 def start(folder: str | Path) -> str:
     """Freeze a study: refuse a dirty tree, write its commit into ``frozen_commit`` (the team then commits that)."""
     study = load_study(folder)
+    refuse_unrunnable(study, "start")
     root = repo_root(study.folder)
     status = _git(root, "status", "--porcelain")
     if status is None:
@@ -334,7 +311,7 @@ def start(folder: str | Path) -> str:
         raise UsageError(f"the tree at {root} has uncommitted changes; commit the protocol and study.yaml first, so "
                          "the frozen commit holds them:\n" + status[:500])
     if study.frozen_commit:
-        raise UsageError(f"{_where(study.folder, 'frozen_commit')} is already {study.frozen_commit}; a study is "
+        raise UsageError(f"{key_path(study.folder, 'frozen_commit')} is already {study.frozen_commit}; a study is "
                          "started once.")
     commit = _git(root, "rev-parse", "HEAD")
     path = study.folder / FILE
@@ -344,3 +321,14 @@ def start(folder: str | Path) -> str:
         lines.append(f"frozen_commit: {commit}")
     path.write_text("\n".join(lines) + "\n")
     return commit
+
+
+def refuse_unrunnable(study: Study, verb: str) -> None:
+    """``capo-trl study start``, ``run`` and ``queue`` refuse a study whose file says today's runner cannot run it."""
+    if study.cannot_run:
+        raise UsageError(f"{study.folder / FILE} says capo-trl study cannot {verb} it (cannot_run): "
+                         f"{' '.join(study.cannot_run.split())}")
+
+
+__all__ = ["ENDPOINTS", "FILE", "KEYS", "KINDS", "TRAIN_LOG", "Arm", "Plan", "Study", "Test", "code_version",
+           "frozen_tree", "load_study", "refuse_unrunnable", "repo_root", "start"]

@@ -13,6 +13,9 @@ has finished, and its file's ``decision`` rule picks an arm (or none) from per-s
 A candidate qualifies when none of its runs drifted (its training log has a window in which every completion ran
 to the length limit, or it collapsed at test by the file's collapse rule) and it did not lose accuracy by more
 than the margin.
+
+A pilot with a ``criterion`` (:mod:`capo_trl.harness.criterion`: checks of each run against the start model) reports
+each run's checks as it finishes, and the criterion's verdict and decisions once every checked run has finished.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ import math
 import numpy as np
 
 from ..errors import UsageError
-from . import confirmatory
+from . import confirmatory, criterion
 from .paired import paired_interval
 from .study import Study
+
 
 def records(study: Study, into=None) -> dict:
     """Every finished record, ``runs[arm][seed]`` (reused arms from their own study's folder)."""
@@ -39,6 +43,22 @@ def records(study: Study, into=None) -> dict:
     return out
 
 
+def analysis(study: Study, into=None) -> dict:
+    """A confirmatory study's analysis (:func:`capo_trl.harness.confirmatory.analyse`) of its records, at the look
+    they have reached."""
+    return confirmatory.analyse(study.folder, study.plan, loaded=({"seeds": study.seeds}, records(study, into)))
+
+
+def checks(study: Study, runs: dict | None = None) -> dict:
+    """The file's criterion over its records (or ``runs``): :func:`capo_trl.harness.criterion.evaluate`, each arm
+    against its task's start record."""
+    runs = records(study) if runs is None else runs
+    rule = study.criterion
+    starts = {arm: criterion.start_record(study.folder, rule["start"], study.arm_task(arm))
+              for arm in rule.get("arms") or study.arms}
+    return criterion.evaluate(rule, runs, starts, lambda rec: confirmatory.collapsed(rec, study.plan), study.seeds)
+
+
 def mixed_commits(study: Study, runs: dict) -> list[str]:
     """The code the study's own records ran under (the ``src/`` tree of their commits), when there is more than one
     and its file allows none."""
@@ -47,9 +67,15 @@ def mixed_commits(study: Study, runs: dict) -> list[str]:
 
 
 def status(study: Study, into=None) -> str:
-    runs = records(study, into)
+    unfrozen = "no commit (its protocol named none)" if study.cannot_run else "nothing yet (capo-trl study start)"
     lines = [f"{study.name} ({study.kind}): {study.question}",
-             f"frozen at {study.frozen_commit or 'nothing yet (capo-trl study start)'}; deadline {study.deadline}"]
+             f"frozen at {study.frozen_commit or unfrozen}; deadline {study.deadline or 'none'}"]
+    if study.cannot_run:
+        lines.append(f"capo-trl study cannot run it: {' '.join(study.cannot_run.split())}")
+    if study.kind == "measurement":
+        return "\n".join(lines + [f"  {arm}: {'measured' if study.record_path(arm, None, into).is_file() else 'missing'}"
+                                   for arm in study.arms])
+    runs = records(study, into)
     for arm in study.arms:
         origin = f" (reused from {study.reuse[arm]['folder']})" if arm in study.reuse else ""
         lines.append(f"  {arm}: {len(runs[arm])} of {len(study.seeds)} seeds{origin}")
@@ -98,6 +124,8 @@ def _value(v, study: Study) -> float:
 
 def report(study: Study, into=None) -> str:
     """The study's report as markdown: progress only before its look; then what the file's analysis fixes."""
+    if study.kind == "measurement":
+        return "A measurement: no runs and no analysis (its files are as its page describes them).\n"
     runs = records(study, into)
     if mixed := mixed_commits(study, runs):
         raise UsageError(f"{study.name}: its records ran under several versions of src/ {mixed}; a study does not mix them "
@@ -105,15 +133,36 @@ def report(study: Study, into=None) -> str:
                          "may be mixed).")
     if study.kind == "confirmatory":
         config = {"seeds": study.seeds}
-        analysis = confirmatory.analyse(study.folder, study.plan, loaded=(config, runs))
-        return confirmatory.render(analysis, study.plan)
+        found = confirmatory.analyse(study.folder, study.plan, loaded=(config, runs))
+        return confirmatory.render(found, study.plan)
     done = sum(len(r) for r in runs.values())
     total = len(study.arms) * len(study.seeds)
     head = f"Runs finished: {done} of {total} (" + ", ".join(f"`{a}` {len(r)}" for a, r in runs.items()) + ")."
+    if study.criterion is not None:
+        head += "\n\n" + render_checks(checks(study, runs), study)
     if done < total or study.decision is None:
         why = "no decision rule in study.yaml" if study.decision is None else "the pilot's look is when all have run"
-        return head + f"\n\nNo result yet: {why}.\n"
+        return head + ("\n" if study.criterion is not None else f"\n\nNo result yet: {why}.\n")
     return head + "\n\n" + render_screen(screen(study, runs), study)
+
+
+def render_checks(result: dict, study: Study) -> str:
+    """The criterion's checks per run (as each finishes), then which arms meet it and the decisions."""
+    names = list(study.criterion["checks"]) + (["required_met"] if study.criterion.get("required") else [])
+    lines = [f"Criterion (fixed in study.yaml before the runs), each run against the start model "
+             f"(`{study.criterion['start']}`):", "", "| arm | seed | " + " | ".join(names) + " |",
+             "|---|---|" + "---|" * len(names)]
+    for arm, by_seed in result["runs"].items():
+        for seed, row in sorted(by_seed.items()):
+            lines.append(f"| {arm} | {seed} | " + " | ".join("yes" if row[k] else "no" for k in names) + " |")
+    if study.criterion.get("required"):
+        lines += ["", "Meets the criterion (every seed run and meeting it): "
+                  + ", ".join(f"`{arm}` {'yes' if met else 'not yet' if not result['complete'][arm] else 'no'}"
+                              for arm, met in result["meets"].items()) + "."]
+    if result["decided"]:  # None until every checked run has finished; {} for a criterion without decisions
+        lines += ["", "Decisions: " + ", ".join(f"{name} {'yes' if v else 'no'}" for name, v in result["decided"].items())
+                  + "."]
+    return "\n".join(lines) + "\n"
 
 
 def render_screen(result: dict, study: Study) -> str:

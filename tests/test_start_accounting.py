@@ -1,17 +1,21 @@
-"""scripts/real_start.py's accounting of unfinished answers, on samples whose answer is known by construction."""
+"""scripts/start_accounting.py: its accounting of unfinished answers, on samples whose answer is known by
+construction, and both accountings of the real model's start as its page's files hold them."""
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
 from script_loader import load_script
 
+ROOT = Path(__file__).resolve().parents[1]
+START = ROOT / "docs" / "results" / "smollm2-start"
+RECIPE = ROOT / "examples" / "recipes" / "capo-smollm2-135m-lora-cpu.yaml"
+
 
 @pytest.fixture
-def real_start(tmp_path, monkeypatch):
-    module = load_script("real_start")
-    monkeypatch.setattr(module, "ROOT", tmp_path)
-    return module
+def accounting():
+    return load_script("start_accounting")
 
 
 def write_samples(folder: Path, groups: list[list[tuple[float, float, bool]]]) -> None:
@@ -25,7 +29,7 @@ def write_samples(folder: Path, groups: list[list[tuple[float, float, bool]]]) -
                 w.writerow([f"t/{g}", d, grade, score, 24 + d % 3 if finished else 32, finished])
 
 
-def test_grpo_charges_unfinished_wrong_answers_and_capo_nearly_not(real_start, tmp_path):
+def test_grpo_charges_unfinished_wrong_answers_and_capo_nearly_not(accounting, tmp_path):
     """Each group: 3 right (confident), 3 wrong finished (middling), 2 wrong unfinished (very unconfident).
 
     GRPO gives every wrong answer of a group one advantage, so unfinished ones carry 2/5 of the negative total;
@@ -37,7 +41,7 @@ def test_grpo_charges_unfinished_wrong_answers_and_capo_nearly_not(real_start, t
     tied = [wrong] * 8  # no pair: left out of every mean
     shifted = [(g, s - 0.01 * i, f) for i, (g, s, f) in enumerate(group)]  # a within-group spread that varies
     write_samples(tmp_path / "t", [group, tied, shifted, group] * 2)
-    report = real_start.truncation("t")
+    report = accounting.truncation(tmp_path / "t", RECIPE)
     assert report["mixed_groups"] == 6 and report["mixed_groups_with_unfinished"] == 6
     assert (report["n/right"], report["n/wrong_finished"], report["n/wrong_unfinished"]) == (18, 18, 12)
     assert report["grpo/advantage/wrong_unfinished"] == pytest.approx(report["grpo/advantage/wrong_finished"])
@@ -52,3 +56,12 @@ def test_grpo_charges_unfinished_wrong_answers_and_capo_nearly_not(real_start, t
     assert report["capo_tied/advantage/wrong_unfinished"] < report["capo_tied/advantage/wrong_finished"] < 0
     assert report["capo_tied/unfinished_total_per_group"] == pytest.approx(
         2 * report["capo_tied/advantage/wrong_unfinished"], rel=1e-5)
+
+
+@pytest.mark.parametrize("task", ["addition", "addition-guess-half"])
+def test_the_real_starts_files_are_what_it_computes(accounting, task):
+    """The committed paper-mask.json and truncation.json are what the script computes from the committed samples: the
+    paper's thresholds (per kind of item on the task with guessable ones) and the CAPO SmolLM2 recipe's batches."""
+    folder = START / task
+    assert accounting.thresholds(folder, task, 2.5, 1.05) == json.loads((folder / "paper-mask.json").read_text())
+    assert accounting.truncation(folder, RECIPE) == json.loads((folder / "truncation.json").read_text())
