@@ -445,13 +445,23 @@ RENDER = {"arithmetic-200-steps": render_main, "grader-noise-1-seed": render_noi
           **TESTBED_RENDER, **REAL_RENDER}
 
 
+def study_report_of(name: str) -> str:
+    """A study folder's report, as `capo-trl study report` prints it: a block named after a folder with a study.yaml
+    renders this, so a new study's page needs no renderer of its own."""
+    from capo_trl.harness.study import load_study
+    from capo_trl.harness.study_report import report
+
+    return report(load_study(RESULTS / name))
+
+
 def render(text: str) -> str:
     """``text`` with every marked table re-rendered (an unknown name is an error)."""
     def one(match):
         name = match["name"]
-        if name not in RENDER:
-            raise KeyError(f"no renderer for table {name!r}; add one to RENDER in scripts/results_tables.py.")
-        return match.group(1) + RENDER[name]() + match.group(5)
+        if name not in RENDER and not (RESULTS / name / "study.yaml").is_file():
+            raise KeyError(f"no renderer for table {name!r}; add one to RENDER in scripts/results_tables.py, or name "
+                           "the block after a study folder (its `capo-trl study report` is rendered).")
+        return match.group(1) + (RENDER[name]() if name in RENDER else study_report_of(name)) + match.group(5)
     return BLOCK.sub(one, text)
 
 
