@@ -308,11 +308,13 @@ def study_words(task: str) -> str:
     return evidence.study_words(task, evidence.measure(study(STUDY_OF_TASK[task])))
 
 
-def render_headline() -> str:
-    """The README's result, the tiny models' then the real model's (capo_trl.harness.evidence.headline), from the files."""
+def render_first_screen() -> str:
+    """The README's first screen: the configuration to use and its evidence per model kind
+    (capo_trl.harness.evidence.first_screen), from the tiny models' study and the real model's, measured from files."""
     from capo_trl.harness import evidence
+    from capo_trl.training.defaults import RECOMMENDED
 
-    return evidence.headline(evidence.measure(study(MASK_STUDY)), real_result())
+    return evidence.first_screen(evidence.measure(study(MASK_STUDY)), real_result(), RECOMMENDED)
 
 
 # The exploratory pilot's compare runs per budget, in the order they ran (protocol.md and its amendments).
@@ -430,7 +432,8 @@ def render_recommended() -> str:
 TESTBED_RENDER = {"demo-budget": render_demo_budget, "guess-redraw-study": render_redraw_study,
                   "guess-redraw-pilot": lambda: render_pilot("guess-redraw-pilot"), "guess-half-mask-study": render_mask_study,
                   "guess-half-mask-words": lambda: study_words("guess-half"),
-                  "guess-redraw-words": lambda: study_words("guess-redraw"), "headline": render_headline,
+                  "guess-redraw-words": lambda: study_words("guess-redraw"),
+                  "first-screen": render_first_screen,
                   "recommended": render_recommended, "guess-half-words": render_testbed_words, "guess-half-robustness": render_testbed_robustness}
 
 

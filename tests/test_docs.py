@@ -124,9 +124,10 @@ def test_every_command_in_the_docs_parses(where, line, monkeypatch, capsys):
 
 
 def test_ci_runs_the_readmes_test_command_and_nothing_else_a_user_needs():
-    """CI (.ci/run) installs what CI itself needs, then runs the README's Quick-start test command as written, as
-    its last step: a step a user would need too (fetching the real model, say) cannot hide in CI."""
-    quick = (ROOT / "README.md").read_text().split("## Quick start", 1)[1].split("```bash\n", 1)[1].split("```")[0]
+    """CI (.ci/run) installs what CI itself needs, then runs the README's test command (its first shell block, on the
+    first screen) as written, as its last step: a step a user would need too (fetching the real model, say) cannot
+    hide in CI."""
+    quick = (ROOT / "README.md").read_text().split("```bash\n", 1)[1].split("```")[0]
     readme = [line for line in quick.splitlines() if "pytest" in line]
     ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.strip() and not line.startswith("#")]
     assert len(readme) == 1 and [line for line in ci if "pytest" in line] == readme and ci[-1] == readme[0], ci

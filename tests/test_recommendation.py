@@ -134,7 +134,7 @@ def test_calibrate_mask_writes_the_recommendation_with_the_measured_values(monke
 # ------------------------------------------------------------------------------------ one recommendation per setting
 # The pages that recommend settings render one block from capo_trl.training.defaults (RECOMMENDED, RECOMMENDATION);
 # a sentence elsewhere that recommends a value of one of these fields must name the same value.
-RECOMMENDING_PAGES = ["README.md", "docs/config.md", "docs/faq.md", "docs/concepts.md"]
+RECOMMENDING_PAGES = ["docs/config.md", "docs/faq.md", "docs/concepts.md"]
 CHOSEN = ("noise_mask", "tau_mode", "tau", "advantage_scale")
 ASSIGNMENT = re.compile(r"\b(noise_mask|tau_mode|tau|advantage_scale)\b`?\s*(?:=|:)\s*`?\"?([\w.+-]+)")
 
@@ -191,6 +191,19 @@ def test_every_page_renders_the_one_recommendation_and_recommends_nothing_else(p
     assert block == script("results_tables").render_recommended(), f"{page}: stale; run python scripts/results_tables.py"
     for field in CHOSEN:  # the block names every chosen field's value
         assert f"`{field}=" in block, field
+    assert not disagreements(text, RECOMMENDED), disagreements(text, RECOMMENDED)
+
+
+def test_the_readmes_first_screen_names_the_recommendation_and_recommends_nothing_else():
+    """The README says what to use on its first screen (scripts/results_tables.py's `first-screen` block) and sends
+    each value's evidence and limits to docs/config.md, whose `recommended` block the test above checks."""
+    text = (ROOT / "README.md").read_text()
+    block = _block(text, "first-screen")
+    assert block is not None and "**What to use:** `CAPOConfig()` as it comes" in block
+    for field in ("tau", "advantage_scale", "ref_high", "ref_low"):
+        assert f"`{field}={RECOMMENDED[field]!r}`".replace("'", '"') in block, field
+    assert "the noise mask on" in " ".join(block.split()) and RECOMMENDED["noise_mask"] is True
+    assert "docs/config.md#recommended-configuration-for-a-real-model" in text
     assert not disagreements(text, RECOMMENDED), disagreements(text, RECOMMENDED)
 
 

@@ -34,6 +34,8 @@ STUDY_RESULTS = {
         "endpoints": {"auroc": (0.114, 0.054, 0.174, 0), "auroc_question": (-0.016, -0.057, 0.025, 5),
                       "e_aurc": (-0.1, -0.156, -0.045, 12), "ece": (-0.009, -0.021, 0.003, 9),
                       "accuracy": (-0.024, -0.036, -0.013, 12)},
+        "means": {"grpo": {"auroc": 0.764, "auroc_question": 0.655, "accuracy": 0.422},
+                  "capo": {"auroc": 0.878, "auroc_question": 0.639, "accuracy": 0.398}},
         "mask": {"both": (-0.116, -0.188, -0.043, 0.0147), "correct": (-0.191, -0.27, -0.112, 0.001),
                  "wrong": (-0.024, -0.07, 0.022, 0.2791), "unmasked": (-0.09, -0.156, -0.025, 0.0225)},
     },
@@ -44,6 +46,8 @@ STUDY_RESULTS = {
         "endpoints": {"auroc": (0.132, 0.086, 0.178, 0), "auroc_question": (-0.051, -0.082, -0.02, 10),
                       "e_aurc": (-0.103, -0.142, -0.064, 12), "ece": (-0.018, -0.03, -0.007, 10),
                       "accuracy": (-0.023, -0.036, -0.01, 10)},
+        "means": {"grpo": {"auroc": 0.768, "auroc_question": 0.699, "accuracy": 0.424},
+                  "capo": {"auroc": 0.901, "auroc_question": 0.648, "accuracy": 0.4}},
     },
 }
 
@@ -78,12 +82,22 @@ def measure(study: Study) -> dict:
              "collapsed": len(a["collapse"][capo]),
              "stopped": ("stopped for efficacy at its interim look" if a["look"]["reason"] == "efficacy"
                          else "at its final look"),
-             "endpoints": endpoints}
+             "endpoints": endpoints, "means": _means(a, grpo, capo)}
     by_arm = {c["arm"]: c for c in a["secondary"] if c["endpoint"] == "auroc"}
     if by_arm:
         found["mask"] = {name: (*r3(by_arm[arm]["mean"], by_arm[arm]["low"], by_arm[arm]["high"]),
                                 round(by_arm[arm]["holm_p"], 4)) for name, arm in MASK_ARMS.items()}
     return found
+
+
+# What the README's first screen names of each arm: its mean of the two AUROCs and of accuracy.
+MEANS = ("auroc", "auroc_question", "accuracy")
+
+
+def _means(a: dict, grpo: str, capo: str) -> dict:
+    """The two arms' means of :data:`MEANS`, rounded as printed (``grpo``, ``capo``: the primary's two arms)."""
+    return {role: {key: round(a["means"][arm][key], 3) for key in MEANS} for role, arm in (("grpo", grpo),
+                                                                                            ("capo", capo))}
 
 
 def _iv(t: tuple) -> str:
@@ -149,23 +163,42 @@ def study_words(task: str, r: dict | None = None) -> str:
     return head + "\n" + endpoint_table(r) + "\n" + _two_aurocs(r)
 
 
-def headline(r: dict | None = None, real: dict | None = None) -> str:
-    """The README's result: the tiny models' with its interval and its caveat, then the real model's, apart."""
-    r, real = r or STUDY_RESULTS["guess-half"], real or REAL_RESULT
-    q = r["endpoints"]["auroc_question"]
-    c = real["collapsed"]["capo-nomask"]
-    return _fill(
-        f"Measured on tiny models on CPU: on a task where half the items can only be guessed, GRPO's pooled "
-        f"AUROC (how well the model's confidence ranks its right answers above its wrong ones) fell from "
-        f"{r['start']:.3f} to {r['grpo']:.3f}, and CAPO without the noise mask kept it: {_iv(r['primary'])} against "
-        f"GRPO ({100 * r['level']:g}% interval; pre-registered, {r['seeds']} seeds), at a cost of "
-        f"{-100 * r['endpoints']['accuracy'][0]:.1f} points of accuracy. The caveat: it did not keep per-question "
-        f"AUROC (which of one question's samples to pick) better than GRPO's: {_iv(q)} (95%).") + "\n" + _fill(
-        f"Measured on a real model, {REAL_MODEL}, on two-digit addition at learning rate 1e-3: "
-        f"{_real_verdict(real)}, {_iv(real['primary'])} in pooled AUROC "
-        f"({100 * real['level']:g}% interval; pre-registered, {real['seeds']} seeds), and {c} of its "
-        f"{real['seeds']} runs drifted into answers that never end (GRPO's: {real['collapsed']['grpo']}). The paper's "
-        "absolute tau and 1/tau scale, and larger models, are untested by us.")
+def _said(r: dict) -> str:
+    """What a study's primary interval supports of CAPO against GRPO on pooled AUROC, in words."""
+    low, high = r["primary"][1:3]
+    return ("ranked answers across questions better than GRPO" if low > 0 else "ranked answers across questions "
+            "worse than GRPO" if high < 0 else "was not shown to rank answers across questions differently from GRPO")
+
+
+def _arms(r: dict) -> str:
+    """Both arms' means of the two AUROCs and accuracy, CAPO's first."""
+    c, g = r["means"]["capo"], r["means"]["grpo"]
+    return (f"pooled AUROC {c['auroc']:.3f} against GRPO's {g['auroc']:.3f}, per-question AUROC "
+            f"{c['auroc_question']:.3f} against {g['auroc_question']:.3f}, accuracy {100 * c['accuracy']:.1f}% "
+            f"against {100 * g['accuracy']:.1f}%")
+
+
+def first_screen(tiny: dict, real: dict, recommended: dict) -> str:
+    """The README's first screen: the configuration to use in one line, then one plain sentence of evidence per
+    model kind (both AUROCs and accuracy, each arm's mean), then what that adds up to. ``tiny``: :func:`measure` of
+    the tiny models' study; ``real``: :func:`measure_real` of the real model's; ``recommended``: the fields of
+    :data:`capo_trl.training.defaults.RECOMMENDED`."""
+    def kw(*names):
+        return ", ".join(f"`{name}={recommended[name]!r}`".replace("'", '"') for name in names)
+    lines = [
+        f"**What to use:** `CAPOConfig()` as it comes, the paper's settings ({kw('tau', 'advantage_scale')}, "
+        f"the noise mask on at {kw('ref_high', 'ref_low')}).",
+        f"- **Tiny models** (CPU; a task where half the items can only be guessed; {tiny['seeds']} seeds): CAPO "
+        f"with the tiny models' own settings (no noise mask) {_said(tiny)}: {_arms(tiny)}.",
+        f"- **A real model** (SmolLM2-135M-Instruct from a 4-bit quantised file, LoRA on CPU; two-digit addition; "
+        f"{real['seeds']} seeds): the paper's settings have not run on it yet; CAPO with the tiny models' settings "
+        f"{_said(real)}: {_arms(real)}.",
+        "",
+        "So on a real model we have no evidence yet that CAPO keeps calibration better than GRPO: compare the two "
+        "on yours ([`docs/studies.md`](docs/studies.md)).",
+    ]
+    return "\n".join(textwrap.fill(line, width=110, subsequent_indent="  " if line.startswith("- ") else "",
+                                    break_on_hyphens=False, break_long_words=False) for line in lines) + "\n"
 
 
 # The real model's first study: its words are written here before its look, so that what the README says of it
@@ -185,7 +218,9 @@ REAL_RESULT = {
                   ("auroc", "capo-mask-measured", "capo-nomask", 0.047, -0.05, 0.144, 1.0)],
     "accuracy": {"capo-nomask": (-0.259, -0.367, -0.152), "capo-mask-paper": (-0.206, -0.342, -0.069),
                  "capo-mask-measured": (-0.084, -0.182, 0.015)},
-    "undefined": [("capo-nomask", 101), ("capo-nomask", 111)], "defined_only": (-0.149, -0.271, -0.027, 10)}
+    "undefined": [("capo-nomask", 101), ("capo-nomask", 111)], "defined_only": (-0.149, -0.271, -0.027, 10),
+    "means": {"grpo": {"auroc": 0.728, "auroc_question": 0.66, "accuracy": 0.427},
+              "capo": {"auroc": 0.56, "auroc_question": 0.577, "accuracy": 0.168}}}
 REAL_PENDING = (
     f"On a real model, {REAL_MODEL}, no calibration result for CAPO exists yet. Two pre-registered pilots found GRPO "
     "losing pooled AUROC on two-digit addition on 3 of 3 seeds once truncated completions were out of the loss "
@@ -225,7 +260,8 @@ def measure_real(study: Study) -> dict:
                       for arm, c in a["safety"]["accuracy"].items()},
          "undefined": sorted({(arm, s) for arm, s, k in a["undefined"] if k == "auroc" and s in seeds}),
          "defined_only": (None if a["defined_only"] is None else
-                          (*(round(a["defined_only"][k], 3) for k in ("mean", "low", "high")), a["defined_only"]["n"]))}
+                          (*(round(a["defined_only"][k], 3) for k in ("mean", "low", "high")), a["defined_only"]["n"])),
+         "means": _means(a, grpo, capo)}
     return r
 
 
@@ -318,6 +354,6 @@ def real_mask_words(r: dict, folder: str) -> str:
             f"ones, {c['capo-nomask']} without the mask, {c['grpo']} under GRPO")
 
 
-__all__ = ["ENDPOINTS", "REAL_RESULT", "STUDY_RESULTS",
-           "endpoint_table", "headline", "measure", "measure_real", "real_lr_words", "real_mask_words", "real_words",
+__all__ = ["ENDPOINTS", "MEANS", "REAL_RESULT", "STUDY_RESULTS",
+           "endpoint_table", "first_screen", "measure", "measure_real", "real_lr_words", "real_mask_words", "real_words",
            "study_words"]

@@ -1,0 +1,57 @@
+"""The README's first screen (everything before its second heading) tells a newcomer what to use, in a fixed order,
+within 40 lines, and every result number on it is rendered from committed files."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from test_docs import script
+
+ROOT = Path(__file__).resolve().parents[1]
+BLOCK = re.compile(r"<!-- text: first-screen \(rendered by scripts/results_tables\.py\) -->\n(.*?)<!-- end text -->\n",
+                   re.S)
+# Numbers on the first screen that are not results: the paper's venue year and what the shell block types.
+NOT_RESULTS = {"2026", "torch==2.13.0", "2"}
+
+
+def first_screen() -> str:
+    lines = (ROOT / "README.md").read_text().splitlines(keepends=True)
+    second = next(i for i, line in enumerate(lines) if line.startswith("## "))
+    return "".join(lines[:second])
+
+
+def test_the_first_screen_fits_40_lines():
+    assert len(first_screen().splitlines()) <= 40, len(first_screen().splitlines())
+
+
+def test_the_first_screen_says_what_it_is_shows_the_picture_then_what_to_use_then_how_to_start_then_where_next():
+    text = first_screen()
+    order = [text.index("`CAPOTrainer` is a drop-in"), text.index("](docs/demo.png)"), text.index("**What to use:**"),
+             text.index("- **Tiny models**"), text.index("- **A real model**"), text.index("```bash\n"),
+             text.index("capo-trl demo\n"), text.index("python -m pytest"), text.index("Read next:")]
+    assert order == sorted(order), order
+    for link in ("docs/results/README.md", "docs/config.md", "docs/studies.md", "#drop-in-use"):
+        assert f"]({link})" in text, link
+
+
+def test_the_first_screens_numbers_are_rendered_from_the_committed_files():
+    text = first_screen()
+    block = BLOCK.search(text)
+    assert block is not None, "no first-screen block (scripts/results_tables.py renders it)"
+    assert block[1] == script("results_tables").render_first_screen(), "stale: run python scripts/results_tables.py"
+    outside = BLOCK.sub("", text)
+    numbers = {token.strip("(),.;:`") for token in re.findall(r"\S*\d\S*", outside)}
+    assert numbers <= NOT_RESULTS, numbers - NOT_RESULTS
+    for kind in ("- **Tiny models**", "- **A real model**"):  # one sentence each, naming both AUROCs and accuracy
+        sentence = " ".join(block[1].split(kind, 1)[1].split("\n-", 1)[0].split("\n\n", 1)[0].split())
+        for name in ("pooled AUROC", "per-question AUROC", "accuracy"):
+            assert re.search(rf"{name} \d\.\d{{3}} against (GRPO's )?\d\.\d{{3}}|{name} [\d.]+% against", sentence), (
+                kind, name, sentence)
+
+
+def test_the_first_screen_holds_no_interval_p_value_or_amendment():
+    text = first_screen()
+    for word in ("Holm", "p =", "% interval", "amendment", "E-AURC", "dequantised", "matched scale", "relative tau"):
+        assert word not in text, word
+    assert not re.search(r"\[[+-]?\d", text)  # no bracketed interval
