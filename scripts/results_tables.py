@@ -21,7 +21,8 @@ import sys
 import textwrap
 
 from results_common import RESULTS, ROOT, study, summary, table
-from results_real import REAL_RENDER, REAL_STUDY, real_result
+from results_real import REAL_RENDER, real_result
+from results_recommend import render_recommended
 
 from capo_trl.harness.paired import holm, paired_test, t_power
 
@@ -400,33 +401,6 @@ def render_gpu_check() -> str:
                      f"{r['step_time_s']:.2f}", f"{r['tokens_per_s']:.0f}", f"{r['peak_memory_gib']:.2f}", ratio])
     return table(["variant", "estimator", "noise mask", "LoRA", "ZeRO-3", "measured steps: seconds each",
                   "median s/step", "tokens/s", "peak GiB", "step time / peak memory"], body)
-
-
-def render_recommended() -> str:
-    """The one recommended configuration for a real model, with its evidence and limits per setting
-    (capo_trl.training.defaults.RECOMMENDED and RECOMMENDATION): the same block on every page that recommends."""
-    from capo_trl.training.defaults import RECOMMENDATION, RECOMMENDED
-
-    def kw(*names):
-        return ", ".join(f"`{name}={RECOMMENDED[name]!r}`".replace("'", '"') for name in names)
-    groups = {"tau": kw("tau") + " (0.5 for a 7B model)", "tau_mode": kw("tau_mode"),
-              "advantage_scale": kw("advantage_scale"),
-              "noise_mask": kw("noise_mask", "noise_mask_guard", "ref_thresholds", "ref_high", "ref_low")}
-    from capo_trl.harness import evidence
-
-    real = real_result()
-    lines = ["**Recommended for a real model** (one configuration, `capo_trl.training.defaults.RECOMMENDED`: "
-             "`CAPOConfig`'s defaults, the `capo-recommended` preset, the `capo-qwen2.5-math-*` recipes). The "
-             "evidence is the paper's runs on its models, ours on tiny models on CPU, and one study of ours on a "
-             "real model, of CAPO with the embedded preset's relative tau and matched scale, with and without the "
-             "mask (in the mask line); the paper's absolute tau and 1/tau scale are untested by us on any real "
-             "model.", ""]
-    for name, (why, limits) in RECOMMENDATION.items():
-        if name == "noise_mask":
-            limits += "; " + evidence.real_mask_words(real, REAL_STUDY)
-        lines.append(f"- {groups[name]}. Evidence: {why}. Limits: {limits}.")
-    return "\n".join(textwrap.fill(line, width=110, subsequent_indent="  " if line.startswith("- ") else "",
-                                    break_on_hyphens=False, break_long_words=False) for line in lines) + "\n"
 
 
 TESTBED_RENDER = {"demo-budget": render_demo_budget, "guess-redraw-study": render_redraw_study,

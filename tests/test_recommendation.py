@@ -132,7 +132,7 @@ def test_calibrate_mask_writes_the_recommendation_with_the_measured_values(monke
 
 
 # ------------------------------------------------------------------------------------ one recommendation per setting
-# The pages that recommend settings render one block from capo_trl.training.defaults (RECOMMENDED, RECOMMENDATION);
+# The pages that recommend settings render one block (RECOMMENDED, scripts/results_recommend.py's RECOMMENDATION);
 # a sentence elsewhere that recommends a value of one of these fields must name the same value.
 RECOMMENDING_PAGES = ["docs/config.md", "docs/faq.md", "docs/concepts.md"]
 CHOSEN = ("noise_mask", "tau_mode", "tau", "advantage_scale")

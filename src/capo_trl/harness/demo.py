@@ -36,21 +36,21 @@ What the evidence on this task says: on arithmetic GRPO does not lose calibratio
 to repair. RL raises accuracy and pooled AUROC over the start model whatever the method; per-question AUROC moves
 by a few hundredths either way from seed to seed. In a pre-registered comparison (6 seeds, 600 steps, 1,024 test
 problems) CAPO with the noise mask (the default then) had per-question AUROC 0.023 below GRPO's (95% interval
--0.049 to +0.003), with 6.5 points less accuracy and higher ECE (docs/results/arithmetic-powered/). Without the
+-0.049 to +0.003), with 6.5 points less accuracy and higher ECE (docs/results/: the powered comparison). Without the
 mask one seed in five collapsed into long, improbable endings, with it none did: if mean length climbs, turn it
 on (capo-trl compare --methods grpo,capo,capo-mask). Where GRPO does lose calibration: capo-trl demo (its
 default task, guess-half).""",
             "guess": """
 What the evidence on this task says (a quarter of the items can only be guessed): in three pre-registered
 pilots (300, 600 and 1,000 steps, 3 seeds each) GRPO lost pooled AUROC on 2 of 3 seeds at most, so `guess` is
-not a test bed, and no study compared GRPO and CAPO on it (docs/results/guess-pilots/). Where GRPO does lose
+not a test bed, and no study compared GRPO and CAPO on it (docs/results/: the test-bed pilots). Where GRPO does lose
 calibration: capo-trl demo (its default task, guess-half) and capo-trl demo --task guess-redraw.""",
             }
 
 # Each task's demo budget where the harness's default (200 steps at 2e-4) would not show what the task is for:
 # on guess-half, 300 steps at 4e-4 (the test bed's total step size, 600 at 2e-4, the rate decaying linearly to 0)
 # made GRPO lose pooled AUROC on 3 of 3 seeds in an exploratory pilot, and CAPO without the mask broke on none;
-# at 200 steps and 6e-4 it broke on 1 of 3 (docs/results/demo-budget/).
+# at 200 steps and 6e-4 it broke on 1 of 3 (docs/results/: the demo budget pilot).
 DEMO_BUDGETS = {"guess-half": dict(steps=300, learning_rate=4e-4)}
 DEMO_METHODS = "grpo,capo"
 
@@ -67,7 +67,7 @@ def demo_budget(task: str = DEMO_TASK, **fields) -> Budget:
 def evidence(budget: Budget) -> str:
     """What the committed studies say about the task the demo ran, how far its one run can speak to it, and what
     the real model's study found (another model and task: said apart)."""
-    return (_tiny_evidence(budget) + "\nOn a real model, not this demo's (docs/results/smollm2-study/):\n"
+    return (_tiny_evidence(budget) + "\nOn a real model, not this demo's (docs/results/: its first confirmatory study):\n"
             + real_words(REAL_RESULT))
 
 
@@ -82,7 +82,7 @@ def _tiny_evidence(budget: Budget) -> str:
     lr = _rate(budget.learning_rate)
     if piloted and budget.model is None and all(getattr(budget, k) == v for k, v in piloted.items()):
         tail = (f"This demo's budget on {task} ({budget.steps} steps at learning rate {lr}) was chosen in an "
-                "exploratory pilot (docs/results/demo-budget/)")
+                "exploratory pilot (docs/results/: the demo budget pilot)")
     else:
         tail = (f"The studies trained 600 steps at learning rate 2e-4; this run's budget ({budget.steps} steps at "
                 f"{lr}{', another start model' if budget.model else ''}) was not tested for showing it")

@@ -19,42 +19,11 @@ from dataclasses import dataclass
 RECOMMENDED = dict(advantage_estimator="capo", tau=0.6, tau_mode="absolute", advantage_scale="paper",
                    noise_mask=True, noise_mask_guard=True, ref_thresholds="fixed", ref_high=2.5, ref_low=1.05)
 
-# Why each recommended value, and its limits: the one text every page that recommends a value renders (README,
-# docs/config.md, docs/faq.md, docs/concepts.md: scripts/results_tables.py's `recommended` block), and what
-# tests/test_recommendation.py holds every page and recipe to. Evidence so far: the paper's runs on its models,
-# ours on tiny models, and one study on a real model (SmolLM2-135M-Instruct, docs/results/smollm2-study/) of the
-# embedded preset's settings, whose numbers the rendered block adds from its files. It found CAPO without the mask
-# ranking answers worse than GRPO and the mask not shown to change that: nothing there favours other values.
-RECOMMENDATION = {
-    "tau": ("the paper chose 0.6 on Qwen2.5-Math-1.5B (0.5 on 7B; its results moved < 1 point over tau 0.4, 0.6, "
-            "1.0); `capo-trl calibrate-mask --write_config recipe.yaml` measures your model's within-group score spread and "
-            "writes it as an absolute tau",
-            "unmeasured by us on any real model; tau must be of the order of `capo/score_spread`: check it in the "
-            "first steps (ten times the spread makes CAPO a rescaled Dr. GRPO)"),
-    "tau_mode": ("tau in nats is the paper's form, and what `calibrate-mask` writes",
-                 "`\"relative\"` (tau in units of the batch's spread) is the embedded tiny model's setting, "
-                 "whose absolute spread (~0.06 nats) is far below the paper's tau; on a real model we ran it only in "
-                 "the study in the mask line, where CAPO ranked answers worse than GRPO"),
-    "advantage_scale": ("the paper's 1/tau scale, with the paper's tau",
-                        "`\"matched\"` (GRPO's step size per group) is the embedded tiny model's setting; on a "
-                        "real model run only in that same study"),
-    "noise_mask": ("the paper found that without it entropy climbs and accuracy stalls; on tiny models, without it "
-                   "CAPO collapsed into a length hack on arithmetic in 1 of 5 seeds and, with 20% of the grades "
-                   "flipped, to accuracy near 0 in 3 of 3 runs of an older configuration, with it in none "
-                   "(docs/results/arithmetic-powered/, docs/results/grader-noise-3-seeds/)",
-                   "on tiny-model test beds where answers can be guessed it undid the calibration CAPO keeps without "
-                   "it (docs/results/guess-half-mask-study/): there set `noise_mask=False` (or "
-                   "`noise_mask_side=\"wrong\"`) and watch mean completion length; its thresholds fit the paper's "
-                   "models only: `capo-trl calibrate-mask` measures yours, `noise_mask_guard` keeps a class they "
-                   "would drop whole"),
-}
-
-
 # The embedded default differs because the paper's absolute values do not fit the tiny model (score spread ~0.06
 # nats, reference PPLs 1.01-1.2): tau in units of the within-group spread, each group's total |advantage|
-# matched to GRPO's (docs/results/arithmetic-powered/), and no noise mask: where GRPO loses calibration
+# matched to GRPO's (the powered comparison on arithmetic), and no noise mask: where GRPO loses calibration
 # (`guess-half`), a pre-registered study stopped for efficacy with CAPO without the mask above GRPO on pooled
-# AUROC in 12 of 12 seeds, and every mask arm with the ref_high side below it (docs/results/guess-half-mask-study/).
+# AUROC in 12 of 12 seeds, and every mask arm with the ref_high side below it (docs/results/README.md indexes both).
 # Its known risk, on arithmetic: without the mask 1 seed in 5 collapsed into a length hack (with it 0 in 5); set
 # noise_mask=True (the `capo-mask` preset) if mean completion length climbs.
 EMBEDDED_METHOD = dict(advantage_estimator="capo", tau=0.5, tau_mode="relative", advantage_scale="matched",
@@ -84,4 +53,4 @@ def training_config(budget: TrainingBudget) -> dict:
     )
 
 
-__all__ = ["EMBEDDED_METHOD", "RECOMMENDATION", "RECOMMENDED", "TrainingBudget", "training_config"]
+__all__ = ["EMBEDDED_METHOD", "RECOMMENDED", "TrainingBudget", "training_config"]
