@@ -150,6 +150,10 @@ def test_a_study_runs_from_its_file_resumes_after_a_kill_and_reports(tmp_path, c
     assert expected in report, report
     accuracy = np.mean([records["capo", s]["accuracy"] - records["grpo", s]["accuracy"] for s in (0, 1)])
     assert f"| capo - grpo | accuracy | {accuracy:+.3f} [" in report, report
+    means = report.split("Means over the look's seeds (descriptive):", 1)[1]
+    assert "| start |" not in means and "nan" not in means and "guessable" not in means, means  # no start.json
+    grpo_auroc = np.mean([value["grpo", s] for s in (0, 1)])
+    assert f"| grpo | {grpo_auroc:.3f} |" in means, means
 
 
 # ------------------------------------------------------------------------------------ the keys every study may need

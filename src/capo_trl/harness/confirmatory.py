@@ -250,10 +250,12 @@ def render(analysis: dict, plan: Plan) -> str:
     lines += _table(["arm", *plan.safety, "collapsed runs"],
                     [[arm] + [_iv(analysis["safety"][k][arm]) if arm != ref else "(reference)" for k in plan.safety]
                      + [f"{len(analysis['collapse'][arm])} of {n}"] for arm in plan.arms])
-    keys = list(next(iter(analysis["means"].values())))
+    # a row or column with no number at all (no start.json; a kind of item the task lacks) is left out, not shown nan
+    rows = {"start": analysis["start"], **analysis["means"]}
+    rows = {name: row for name, row in rows.items() if not all(math.isnan(v) for v in row.values())}
+    keys = [k for k in next(iter(analysis["means"].values())) if not all(math.isnan(r[k]) for r in rows.values())]
     lines += ["", "Means over the look's seeds (descriptive):", ""]
-    lines += _table(["model", *keys], [["start"] + [f"{analysis['start'][k]:.3f}" for k in keys]]
-                    + [[arm] + [f"{m[k]:.3f}" for k in keys] for arm, m in analysis["means"].items()])
+    lines += _table(["model", *keys], [[name] + [f"{row[k]:.3f}" for k in keys] for name, row in rows.items()])
     if analysis["mask"]:
         lines += ["", "Noise mask in training: share of completions dropped (the look's seeds):", ""]
         kinds = list(next(iter(analysis["mask"].values())))
