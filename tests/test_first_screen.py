@@ -55,3 +55,28 @@ def test_the_first_screen_holds_no_interval_p_value_or_amendment():
     for word in ("Holm", "p =", "% interval", "amendment", "E-AURC", "dequantised", "matched scale", "relative tau"):
         assert word not in text, word
     assert not re.search(r"\[[+-]?\d", text)  # no bracketed interval
+
+
+def test_the_real_models_sentence_follows_each_studys_interval_once_it_has_its_look():
+    """Written before the second study's look: a study before its look is left out; at it, its verdict follows its
+    interval (above 0, below, or across), and the closing sentence names a rate only where CAPO ranked better."""
+    from capo_trl.harness import evidence
+    from capo_trl.training.defaults import RECOMMENDED
+
+    tiny, first = evidence.STUDY_RESULTS["guess-half"], evidence.REAL_RESULT
+    means = {"grpo": {"auroc": 0.7, "auroc_question": 0.6, "accuracy": 0.4},
+             "capo": {"auroc": 0.75, "auroc_question": 0.62, "accuracy": 0.41}}
+
+    def said(primary):
+        second = {**first, "primary": primary, "means": means}
+        return " ".join(evidence.first_screen(tiny, {"1e-3": first, "3e-4": second}, RECOMMENDED).split())
+    before = " ".join(evidence.first_screen(tiny, {"1e-3": first, "3e-4": {"look": False}}, RECOMMENDED).split())
+    assert "3e-4" not in before and "no evidence yet" in before
+    above = said((0.05, 0.01, 0.09))
+    assert ("at learning rate 3e-4 ranked answers across questions better than GRPO (pooled AUROC 0.750 against "
+            "GRPO's 0.700, per-question AUROC 0.620 against 0.600, accuracy 41.0% against 40.0%)") in above
+    assert "better than GRPO only at learning rate 3e-4" in above
+    across = said((0.05, -0.01, 0.11))
+    assert "at learning rate 3e-4 was not shown to rank answers across questions differently" in across
+    assert "no evidence yet" in across
+    assert "at learning rate 3e-4 ranked answers across questions worse" in said((-0.05, -0.09, -0.01))

@@ -178,24 +178,30 @@ def _arms(r: dict) -> str:
             f"against {100 * g['accuracy']:.1f}%")
 
 
-def first_screen(tiny: dict, real: dict, recommended: dict) -> str:
+def first_screen(tiny: dict, real: dict[str, dict], recommended: dict) -> str:
     """The README's first screen: the configuration to use in one line, then one plain sentence of evidence per
     model kind (both AUROCs and accuracy, each arm's mean), then what that adds up to. ``tiny``: :func:`measure` of
-    the tiny models' study; ``real``: :func:`measure_real` of the real model's; ``recommended``: the fields of
+    the tiny models' study; ``real``: :func:`measure_real` of each real-model study at its look, by its learning
+    rate, in the order they ran (a study before its look is left out); ``recommended``: the fields of
     :data:`capo_trl.training.defaults.RECOMMENDED`."""
     def kw(*names):
         return ", ".join(f"`{name}={recommended[name]!r}`".replace("'", '"') for name in names)
+    looked = {rate: r for rate, r in real.items() if r["look"]}
+    each = ", and ".join(f"at learning rate {rate} {_said(r)} ({_arms(r)})" for rate, r in looked.items())
+    better = [rate for rate, r in looked.items() if r["primary"][1] > 0]
+    so = ("So on a real model we have no evidence yet that CAPO keeps calibration better than GRPO" if not better
+          else f"So on a real model CAPO ranked answers better than GRPO only at learning rate {' and '.join(better)}")
+    seeds = sorted({r["seeds"] for r in looked.values()})
     lines = [
         f"**What to use:** `CAPOConfig()` as it comes, the paper's settings ({kw('tau', 'advantage_scale')}, "
         f"the noise mask on at {kw('ref_high', 'ref_low')}).",
         f"- **Tiny models** (CPU; a task where half the items can only be guessed; {tiny['seeds']} seeds): CAPO "
         f"with the tiny models' own settings (no noise mask) {_said(tiny)}: {_arms(tiny)}.",
         f"- **A real model** (SmolLM2-135M-Instruct from a 4-bit quantised file, LoRA on CPU; two-digit addition; "
-        f"{real['seeds']} seeds): the paper's settings have not run on it yet; CAPO with the tiny models' settings "
-        f"{_said(real)}: {_arms(real)}.",
+        f"{' or '.join(map(str, seeds))} seeds{' each' if len(looked) > 1 else ''}): the paper's settings have not "
+        f"run on it yet; CAPO with the tiny models' settings {each}.",
         "",
-        "So on a real model we have no evidence yet that CAPO keeps calibration better than GRPO: compare the two "
-        "on yours ([`docs/studies.md`](docs/studies.md)).",
+        f"{so}: compare the two on yours ([`docs/studies.md`](docs/studies.md)).",
     ]
     return "\n".join(textwrap.fill(line, width=110, subsequent_indent="  " if line.startswith("- ") else "",
                                     break_on_hyphens=False, break_long_words=False) for line in lines) + "\n"
