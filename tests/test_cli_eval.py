@@ -58,3 +58,16 @@ def test_one_flag_style_and_the_old_spelling_still_works():
     assert new.max_new_tokens == old.max_new_tokens == 7 and new.no_progress and old.no_progress
     compare = parser.parse_args(["compare", "--out", "o", "--first-seed", "2", "--val_every", "5"])
     assert (compare.first_seed, compare.val_every) == (2, 5)
+
+
+@pytest.mark.parametrize("command", ["eval", "calibrate-mask"])
+def test_column_mapping_has_trains_name_and_the_old_one(command):
+    """`--dataset_columns` as in `capo-trl train` (several pairs after one flag); `--column`, one pair per flag,
+    as in earlier releases: both give the same mapping."""
+    from capo_trl.cli.main import build_parser
+
+    parser = build_parser()
+    head = ["eval", "--model", "m", "--dataset_name", "b", "--out", "o"] if command == "eval" else [command]
+    new = parser.parse_args([*head, "--dataset_columns", "problem=q", "answer=a"])
+    old = parser.parse_args([*head, "--column", "problem=q", "--column", "answer=a"])
+    assert new.dataset_columns == old.dataset_columns == ["problem=q", "answer=a"]

@@ -238,7 +238,7 @@ def test_the_demo_trains_where_grpo_loses_calibration_unless_told_otherwise(monk
     (["--n", "1", "--write_config", "x.yaml"], ["--n 1", "tau cannot be measured"]),
     (["--model", "/no/such/model"], ["/no/such/model", "no such directory"]),
     (["--benchmark", "missing.jsonl"], ["missing.jsonl"]),
-    (["--column", "problem=question"], ["--column", "arithmetic-train"]),
+    (["--column", "problem=question"], ["--dataset_columns", "arithmetic-train"]),  # the old spelling still parses
 ])
 def test_calibrate_mask_refuses_bad_input_before_sampling(nothing_runs, capsys, tmp_path, monkeypatch, extra,
                                                           needles):

@@ -60,7 +60,7 @@ def test_missing_model_or_tokenizer_is_a_one_line_error(no_loading, tiny_model_d
     ("binary.jsonl", b"\xff\xfe\x00garbage", "binary.jsonl"),
     ("empty.csv", b"", "empty.csv"),
     ("bad.parquet", b"garbage", "bad.parquet"),
-    ("cols.jsonl", b'{"question": "1+1?", "answer": "2"}\n', "--column problem="),
+    ("cols.jsonl", b'{"question": "1+1?", "answer": "2"}\n', "--dataset_columns problem="),
     ("dup.jsonl", b'{"id": 1, "problem": "a", "answer": "1"}\n{"id": 1, "problem": "b", "answer": "2"}\n', "unique"),
 ])
 def test_bad_benchmark_files_are_one_line_errors(no_loading, tiny_model_dir, tmp_path, capsys, name, content,

@@ -37,7 +37,7 @@ def quiet(args) -> None:
 
 
 def _role_name(text: str) -> str:
-    """``--column ROLE=NAME`` (an argparse type: a malformed pair is an argparse error, exit 2)."""
+    """``--dataset_columns ROLE=NAME`` (an argparse type: a malformed pair is an argparse error, exit 2)."""
     try:
         data.parse_column(text)
     except data.BenchmarkError as err:
@@ -52,8 +52,10 @@ TEMPLATE_HELP = (f"prompt template (default: {data.DEFAULT_TEMPLATE}; {data.BENC
 
 def add_data_args(p) -> None:
     p.add_argument("--split", default=None, help="dataset split (default: the benchmark's)")
-    p.add_argument("--column", action="append", default=[], type=_role_name, metavar="ROLE=NAME",
-                   help=f"column mapping for the {'/'.join(data.ROLES)} roles, e.g. --column problem=question")
+    # train's name (--dataset_columns, TRL's dataset_* family); --column, one pair per flag, stays for old scripts
+    p.add_argument("--dataset_columns", "--column", action="extend", nargs="+", default=[], type=_role_name,
+                   metavar="ROLE=NAME", help=f"column mapping for the {'/'.join(data.ROLES)} roles, e.g. "
+                   "--dataset_columns problem=question answer=final")
 
 
 def at_least(value, flag: str, minimum: int = 1, what: str = "") -> None:
@@ -64,14 +66,14 @@ def at_least(value, flag: str, minimum: int = 1, what: str = "") -> None:
 
 
 def load_problems(name: str, columns: list[str], flag: str = "--dataset_name", **kwargs):
-    """load_benchmark of ``--column`` pairs, with the CLI's spelling of a column mapping in its hint, and the flag
+    """load_benchmark of ``--dataset_columns`` pairs, with the CLI's spelling of a column mapping in its hint, and the flag
     that named an unknown benchmark."""
     try:
-        return data.load_benchmark(name, columns=data.parse_columns(columns, "--column"), **kwargs)
+        return data.load_benchmark(name, columns=data.parse_columns(columns, "--dataset_columns"), **kwargs)
     except data.BenchmarkError as err:
-        if "columns=" in str(err) and "--column" not in str(err):
-            raise data.BenchmarkError(f"{err} On the command line: --column ROLE=NAME, e.g. --column "
-                                      "problem=question.") from err
+        if "columns=" in str(err) and "--dataset_columns" not in str(err):
+            raise data.BenchmarkError(f"{err} On the command line: --dataset_columns ROLE=NAME, e.g. "
+                                      "--dataset_columns problem=question.") from err
         if data.dataset_kind(name) == "hub":  # neither registered nor a file name: say which flag named it
             raise data.BenchmarkError(f"{flag}: {err}") from err
         raise

@@ -84,12 +84,12 @@ def run_eval(args) -> int:
         raise UsageError("--target_precision needs --calibrate_on (the threshold is chosen there) and a value in "
                          f"(0, 1), got {args.target_precision}.")
     out = check_output_dir(args.out, args.overwrite)
-    problems = load_problems(args.dataset_name, args.column, split=args.split, limit=args.limit,
+    problems = load_problems(args.dataset_name, args.dataset_columns, split=args.split, limit=args.limit,
                               template=args.template)
     calibration = None
     if args.calibrate_on is not None:  # a local file, else a split of --dataset_name
         is_file = Path(args.calibrate_on).expanduser().is_file()
-        calibration = load_problems(args.calibrate_on if is_file else args.dataset_name, args.column,
+        calibration = load_problems(args.calibrate_on if is_file else args.dataset_name, args.dataset_columns,
                                      "--calibrate_on" if is_file else "--dataset_name",
                                      split=None if is_file else args.calibrate_on, limit=args.calibrate_limit,
                                      template=args.template)

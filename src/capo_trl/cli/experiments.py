@@ -191,13 +191,13 @@ def run_calibrate_mask(args) -> int:
     text = harness.read_recipe(path) if path else None
     embedded_task = args.dataset_name == "arithmetic-train"
     if embedded_task:
-        for flag, value in (("--split", args.split), ("--column", args.column)):
+        for flag, value in (("--split", args.split), ("--dataset_columns", args.dataset_columns)):
             if value:
                 raise UsageError(f"{flag} does not apply to arithmetic-train (the embedded task's train split); for "
                                  "another split use --dataset_name arithmetic --split NAME.")
         problems = arithmetic.arithmetic_dataset("train", args.limit)
     else:
-        problems = load_problems(args.dataset_name, args.column, split=args.split, limit=args.limit,
+        problems = load_problems(args.dataset_name, args.dataset_columns, split=args.split, limit=args.limit,
                                   template=args.template)
     max_new = args.max_new_tokens or (48 if embedded_task else 1024)
     report = harness.calibrate_mask(args.model or arithmetic.embedded_model_path(), None, problems, n=args.n,

@@ -40,12 +40,11 @@ from .train_args import (  # noqa: F401
 
 # ------------------------------------------------------------------------------------------ data
 def train_spelling(message: str) -> str:
-    """A data error in ``capo-trl train``'s words: its flags, not ``load_benchmark``'s keywords or ``eval``'s
-    ``--benchmark``."""
+    """A data error in ``capo-trl train``'s words: its flags, not ``load_benchmark``'s keywords."""
     message = re.sub(r"Pass columns=\{'(\w+)': '<your column>'\} to name the column that holds it\.",
                      r"Name the column that holds it with --dataset_columns \1=NAME (in a recipe: dataset_columns: "
                      r"{\1: NAME}).", message)
-    message = re.sub(r"load_benchmark\('([^']+)'\) \(CLI: --benchmark [^)]+\)", r"--dataset_name \1", message)
+    message = re.sub(r"load_benchmark\('([^']+)'\) \(CLI: --dataset_name [^)]+\)", r"--dataset_name \1", message)
     return message.replace("add columns={'problem': ..., 'answer': ..., 'id': ...}",
                            "add --dataset_columns problem=NAME answer=NAME id=NAME")
 

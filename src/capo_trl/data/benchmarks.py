@@ -241,7 +241,7 @@ def _resolve(name_or_path: str) -> BenchmarkSpec | None:
 
 def _local_hint(name: str) -> str:
     return (
-        f"To use a local copy instead, pass its path: load_benchmark('{name}.jsonl') (CLI: --benchmark "
+        f"To use a local copy instead, pass its path: load_benchmark('{name}.jsonl') (CLI: --dataset_name "
         f"{name}.jsonl), one JSON object per line with keys \"id\", \"problem\", \"answer\" (or \"answers\", a "
         "list of acceptable answers); for other column names add columns={'problem': ..., 'answer': ..., 'id': ...}."
     )
