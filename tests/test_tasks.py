@@ -99,9 +99,13 @@ def test_the_demo_says_what_the_real_models_study_found():
     results = Path(__file__).resolve().parents[1] / "docs" / "results"
     r = evidence.measure_real(load_study(results / "smollm2-study"))
     assert r["look"] and evidence.REAL_RESULT == r
+    second = evidence.measure_real(load_study(results / "smollm2-lr-study"))
+    assert evidence.REAL_LR_RESULT == (second if second["look"] else None)  # filled in at its look, not before
+    tail = evidence.real_lr_words(second) if second["look"] and second["holds"] else ""
     for task in ("guess-half", "arithmetic", "guess"):
         text = said(demo_budget(task))
-        assert text.endswith(evidence.real_words(r)) and "On a real model, not this demo's" in text
+        assert text.endswith(evidence.real_words(r) + ("\n" + tail if tail else ""))
+        assert "On a real model, not this demo's" in text
 
 
 def test_the_demo_says_what_the_committed_confirmatory_study_says():

@@ -227,6 +227,9 @@ REAL_RESULT = {
     "undefined": [("capo-nomask", 101), ("capo-nomask", 111)], "defined_only": (-0.149, -0.271, -0.027, 10),
     "means": {"grpo": {"auroc": 0.728, "auroc_question": 0.66, "accuracy": 0.427},
               "capo": {"auroc": 0.56, "auroc_question": 0.577, "accuracy": 0.168}}}
+# The real model's second study (learning rate 3e-4) at its look, as measure_real() gives it; None before it.
+# Its protocol lets the demo speak of it only if its primary holds (tests/test_tasks.py checks both).
+REAL_LR_RESULT: dict | None = None
 REAL_PENDING = (
     f"On a real model, {REAL_MODEL}, no calibration result for CAPO exists yet. Two pre-registered pilots found GRPO "
     "losing pooled AUROC on two-digit addition on 3 of 3 seeds once truncated completions were out of the loss "
@@ -360,6 +363,6 @@ def real_mask_words(r: dict, folder: str) -> str:
             f"ones, {c['capo-nomask']} without the mask, {c['grpo']} under GRPO")
 
 
-__all__ = ["ENDPOINTS", "MEANS", "REAL_RESULT", "STUDY_RESULTS",
+__all__ = ["ENDPOINTS", "MEANS", "REAL_LR_RESULT", "REAL_RESULT", "STUDY_RESULTS",
            "endpoint_table", "first_screen", "measure", "measure_real", "real_lr_words", "real_mask_words", "real_words",
            "study_words"]
