@@ -38,9 +38,10 @@ def close_names(name: str, known, cutoff: float = 0.6) -> list[str]:
     return [by_key[bare[k]] for k in close]
 
 
-def did_you_mean(name: str, known, cutoff: float = 0.6) -> str:
-    """``"did you mean X?"`` (or ``"X or Y"``, ``"one of X, Y or Z"`` for an abbreviation of several), or ``""``."""
-    close = close_names(name, known, cutoff)
+def did_you_mean(name: str, known, cutoff: float = 0.6, canonical: dict[str, str] | None = None) -> str:
+    """``"did you mean X?"`` (or ``"X or Y"``, ``"one of X, Y or Z"`` for an abbreviation of several), or ``""``.
+    ``canonical``: the name to show for an alias (``--benchmark`` -> ``--dataset_name``): one name for one thing."""
+    close = list(dict.fromkeys((canonical or {}).get(c, c) for c in close_names(name, known, cutoff)))
     if not close:
         return ""
     shown = close[:4]
@@ -50,16 +51,18 @@ def did_you_mean(name: str, known, cutoff: float = 0.6) -> str:
     return f"did you mean {'one of ' if len(shown) > 2 else ''}{listed}{', ...' if len(close) > 4 else ''}?"
 
 
-def unknown_flags(names: list[str], known, hints: dict[str, str] | None = None) -> str:
+def unknown_flags(names: list[str], known, hints: dict[str, str] | None = None,
+                  canonical: dict[str, str] | None = None) -> str:
     """One line for flags a parser does not know: ``unknown flag --x; did you mean --y?``.
 
     Abbreviations count as unknown (every parser here has ``allow_abbrev=False``), and are named with the
     flag they abbreviate. ``hints``: what to say of a flag instead of the closest name (another command's
-    name for a flag: ``{"--model": "did you mean --model_name_or_path?"}``).
+    name for a flag: ``{"--model": "did you mean --model_name_or_path?"}``); ``canonical``: as in
+    :func:`did_you_mean`.
     """
     def guess(name: str) -> str:
         key = name[:2] + name[2:].replace("-", "_")
-        return (hints or {}).get(key) or did_you_mean(name, known)
+        return (hints or {}).get(key) or did_you_mean(name, known, canonical=canonical)
 
     names = list(dict.fromkeys(names))
     if len(names) == 1:

@@ -123,7 +123,9 @@ class _Parser(argparse.ArgumentParser):
         if unknown:
             from ..errors import unknown_flags
 
-            message = unknown_flags(unknown, list(self._option_string_actions))
+            canonical = {name: next(o for o in [*action.option_strings, name] if o.startswith("--"))  # not -h
+                         for name, action in self._option_string_actions.items()}
+            message = unknown_flags(unknown, list(self._option_string_actions), canonical=canonical)
             self.exit(2, f"{self.prog}: {message}{'' if message.endswith('?') else f'; see `{self.prog} --help`.'}\n")
 
     def error(self, message):  # argparse prints the whole usage first: one line is enough
