@@ -70,7 +70,7 @@ def test_hub_name_offline_error_says_how_to_use_a_local_file():
         load_benchmark("MATH500")
     msg = str(err.value)
     assert "'math500'" in msg and "HuggingFaceH4/MATH-500" in msg and "HF_HUB_OFFLINE" in msg
-    assert "load_benchmark('math500.jsonl')" in msg and "--benchmark math500.jsonl" in msg
+    assert "load_benchmark('math500.jsonl')" in msg and "--dataset_name math500.jsonl" in msg
 
 
 def test_hub_missing_column_error_names_the_hub_dataset(monkeypatch):

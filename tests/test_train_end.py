@@ -28,11 +28,11 @@ def test_a_missing_problem_column_names_trains_flag(tiny_model_dir, tmp_path, ca
 
 def test_an_unreachable_registry_dataset_suggests_trains_flags_not_evals():
     message = ("Could not load benchmark 'deepscaler' (offline). To use a local copy instead, pass its path: "
-               "load_benchmark('deepscaler.jsonl') (CLI: --benchmark deepscaler.jsonl), one JSON object per line "
+               "load_benchmark('deepscaler.jsonl') (CLI: --dataset_name deepscaler.jsonl), one JSON object per line "
                "with keys \"id\", \"problem\", \"answer\"; for other column names add columns={'problem': ..., "
                "'answer': ..., 'id': ...}.")
     said = capo_train.train_spelling(message)
-    assert "--dataset_name deepscaler.jsonl" in said and "--benchmark" not in said and "load_benchmark" not in said
+    assert "--dataset_name deepscaler.jsonl" in said and "CLI:" not in said and "load_benchmark" not in said
     assert "--dataset_columns problem=NAME answer=NAME id=NAME" in said and "columns={" not in said
 
 
