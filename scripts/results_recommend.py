@@ -21,11 +21,13 @@ RECOMMENDATION = {
             "first steps (ten times the spread makes CAPO a rescaled Dr. GRPO)"),
     "tau_mode": ("tau in nats is the paper's form, and what `calibrate-mask` writes",
                  "`\"relative\"` (tau in units of the batch's spread) is the embedded tiny model's setting, "
-                 "whose absolute spread (~0.06 nats) is far below the paper's tau; on a real model we ran it only in "
-                 "the study in the mask line, where CAPO ranked answers worse than GRPO"),
+                 "whose absolute spread (~0.06 nats) is far below the paper's tau; on a real model we ran it in "
+                 "the study in the mask line (1e-3), where CAPO ranked answers worse than GRPO, and in a second "
+                 "at 3e-4 (docs/results/smollm2-lr-study/), where it did so again on pooled AUROC while ranking one "
+                 "question's samples better, at lower accuracy"),
     "advantage_scale": ("the paper's 1/tau scale, with the paper's tau",
                         "`\"matched\"` (GRPO's step size per group) is the embedded tiny model's setting; on a "
-                        "real model run only in that same study"),
+                        "real model run only in those same two studies"),
     "noise_mask": ("the paper found that without it entropy climbs and accuracy stalls; on tiny models, without it "
                    "CAPO collapsed into a length hack on arithmetic in 1 of 5 seeds and, with 20% of the grades "
                    "flipped, to accuracy near 0 in 3 of 3 runs of an older configuration, with it in none "

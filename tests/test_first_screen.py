@@ -71,12 +71,12 @@ def test_the_real_models_sentence_follows_each_studys_interval_once_it_has_its_l
         second = {**first, "primary": primary, "means": means}
         return " ".join(evidence.first_screen(tiny, {"1e-3": first, "3e-4": second}, RECOMMENDED).split())
     before = " ".join(evidence.first_screen(tiny, {"1e-3": first, "3e-4": {"look": False}}, RECOMMENDED).split())
-    assert "3e-4" not in before and "no evidence yet" in before
+    assert "3e-4" not in before and "has not ranked answers across questions better" in before
     above = said((0.05, 0.01, 0.09))
     assert ("at learning rate 3e-4 ranked answers across questions better than GRPO (pooled AUROC 0.750 against "
             "GRPO's 0.700, per-question AUROC 0.620 against 0.600, accuracy 41.0% against 40.0%)") in above
     assert "better than GRPO only at learning rate 3e-4" in above
     across = said((0.05, -0.01, 0.11))
     assert "at learning rate 3e-4 was not shown to rank answers across questions differently" in across
-    assert "no evidence yet" in across
+    assert "has not ranked answers across questions better" in across and "one question" not in across
     assert "at learning rate 3e-4 ranked answers across questions worse" in said((-0.05, -0.09, -0.01))
