@@ -21,6 +21,14 @@ def real_result() -> dict:
     return evidence.measure_real(study(REAL_STUDY))
 
 
+@functools.cache
+def real_lr_result() -> dict:
+    """The real model's second study as capo_trl.harness.evidence.measure_real gives it (once per run)."""
+    from capo_trl.harness import evidence
+
+    return evidence.measure_real(study(REAL_LR_STUDY))
+
+
 def render_real_words() -> str:
     """The real model's study in words (capo_trl.harness.evidence.real_words): before its look that no result exists
     and its safety reading (collapsed runs), every pre-registered endpoint after it, from its committed files."""
@@ -34,7 +42,7 @@ def render_real_lr_words() -> str:
     result exists, every pre-registered endpoint after it, from its committed files."""
     from capo_trl.harness import evidence
 
-    return evidence.real_lr_words(evidence.measure_real(study(REAL_LR_STUDY)))
+    return evidence.real_lr_words(real_lr_result())
 
 
 # The start's tasks, in its study.yaml's order, and how its page names them.

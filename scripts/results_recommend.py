@@ -44,15 +44,14 @@ def render_recommended() -> str:
     """The one recommended configuration for a real model, with its evidence and limits per setting
     (capo_trl.training.defaults.RECOMMENDED and :data:`RECOMMENDATION`): the same block on every page that
     recommends."""
+    from capo_trl.harness import evidence
     from capo_trl.training.defaults import RECOMMENDED
 
     def kw(*names):
-        return ", ".join(f"`{name}={RECOMMENDED[name]!r}`".replace("'", '"') for name in names)
+        return evidence.field_values(RECOMMENDED, *names)
     groups = {"tau": kw("tau") + " (0.5 for a 7B model)", "tau_mode": kw("tau_mode"),
               "advantage_scale": kw("advantage_scale"),
               "noise_mask": kw("noise_mask", "noise_mask_guard", "ref_thresholds", "ref_high", "ref_low")}
-    from capo_trl.harness import evidence
-
     real = real_result()
     lines = ["**Recommended for a real model** (one configuration, `capo_trl.training.defaults.RECOMMENDED`: "
              "`CAPOConfig`'s defaults, the `capo-recommended` preset, the `capo-qwen2.5-math-*` recipes). The "

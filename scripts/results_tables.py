@@ -21,7 +21,7 @@ import sys
 import textwrap
 
 from results_common import RESULTS, ROOT, study, summary, table
-from results_real import REAL_LR_STUDY, REAL_RENDER, real_result
+from results_real import REAL_RENDER, real_lr_result, real_result
 from results_recommend import render_recommended
 
 from capo_trl.harness.paired import holm, paired_test, t_power
@@ -315,7 +315,7 @@ def render_first_screen() -> str:
     from capo_trl.harness import evidence
     from capo_trl.training.defaults import RECOMMENDED
 
-    real = {"1e-3": real_result(), "3e-4": evidence.measure_real(study(REAL_LR_STUDY))}
+    real = {"1e-3": real_result(), "3e-4": real_lr_result()}
     return evidence.first_screen(evidence.measure(study(MASK_STUDY)), real, RECOMMENDED)
 
 

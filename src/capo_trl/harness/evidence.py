@@ -178,6 +178,11 @@ def _arms(r: dict) -> str:
             f"against {100 * g['accuracy']:.1f}%")
 
 
+def field_values(recommended: dict, *names: str) -> str:
+    """Config fields as a user types them: ```tau=0.6`, `advantage_scale="paper"```."""
+    return ", ".join(f"`{name}={recommended[name]!r}`".replace("'", '"') for name in names)
+
+
 def first_screen(tiny: dict, real: dict[str, dict], recommended: dict) -> str:
     """The README's first screen: the configuration to use in one line, then one plain sentence of evidence per
     model kind (both AUROCs and accuracy, each arm's mean), then what that adds up to. ``tiny``: :func:`measure` of
@@ -185,7 +190,7 @@ def first_screen(tiny: dict, real: dict[str, dict], recommended: dict) -> str:
     rate, in the order they ran (a study before its look is left out); ``recommended``: the fields of
     :data:`capo_trl.training.defaults.RECOMMENDED`."""
     def kw(*names):
-        return ", ".join(f"`{name}={recommended[name]!r}`".replace("'", '"') for name in names)
+        return field_values(recommended, *names)
     looked = {rate: r for rate, r in real.items() if r["look"]}
     each = ", and ".join(f"at learning rate {rate} {_said(r)} ({_arms(r)})" for rate, r in looked.items())
     better = [rate for rate, r in looked.items() if r["primary"][1] > 0]
@@ -380,5 +385,5 @@ def real_mask_words(r: dict, folder: str) -> str:
 
 
 __all__ = ["ENDPOINTS", "MEANS", "REAL_LR_RESULT", "REAL_RESULT", "STUDY_RESULTS",
-           "endpoint_table", "first_screen", "measure", "measure_real", "real_lr_words", "real_mask_words", "real_words",
+           "endpoint_table", "field_values", "first_screen", "measure", "measure_real", "real_lr_words", "real_mask_words", "real_words",
            "study_words"]
