@@ -319,8 +319,8 @@ def test_each_study_file_says_what_its_records_ran(folder):
         budget = json.loads((folder / "budget.json").read_text())["budget"]
         assert {k: v for k, v in budget.items() if k not in ("steps", "task", "model", "progress")} == study.budget
         assert (budget["steps"], budget["model"], budget.get("task", study.task)) == (study.steps, study.model, study.task)
-    for arm in study.own_arms():
-        for seed, rec in runs[arm].items():
+    for arm, seed in study.own_runs():
+        if (rec := runs[arm].get(seed)) is not None:
             assert rec.get("recipe", study.arms[arm].recipe) == study.arms[arm].recipe, (arm, seed)
             assert rec.get("flags", study.arms[arm].flags()) == study.arms[arm].flags(), (arm, seed)
             assert rec.get("task", study.arm_task(arm)) == study.arm_task(arm), (arm, seed)

@@ -145,10 +145,13 @@ def check_commit(study: Study) -> tuple[str | None, str | None]:
 def run_one(study: Study, arm: str, seed: int, runs: Path, into: Path | None = None) -> Path:
     """Train (resuming), test and keep one run's record; returns the record's path. Done steps are not redone."""
     refuse_unrunnable(study, "run")
-    if arm not in study.arms or arm in study.reuse:
+    if arm not in study.own_arms():
         raise UsageError(f"arm {arm!r}: this study runs {study.own_arms()}.")
     if seed not in study.seeds:
         raise UsageError(f"seed {seed}: this study's seeds are {study.seeds}.")
+    if study.reused(arm, seed):
+        raise UsageError(f"{arm} seed {seed}: this study reuses its record from {study.reuse[arm]['folder']}; it runs "
+                         f"{arm} for seeds {[s for a, s in study.own_runs() if a == arm]}.")
     path = study.record_path(arm, seed, into)
     if path.is_file():
         return path
@@ -197,8 +200,7 @@ def _train_and_test(study: Study, arm: str, seed: int, run: Path, log: Path, tim
 
 def pending(study: Study, into: Path | None = None) -> list[tuple[str, int]]:
     """The runs still to do, seed-major, arms in the file's order."""
-    return [(arm, seed) for seed in study.seeds for arm in study.own_arms()
-            if not study.record_path(arm, seed, into).is_file()]
+    return [(arm, seed) for arm, seed in study.own_runs() if not study.record_path(arm, seed, into).is_file()]
 
 
 def queue(study: Study, runs: Path, slots: int = 2, into: Path | None = None, on_record: str | None = None,

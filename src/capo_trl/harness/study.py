@@ -23,7 +23,8 @@ The file (every key is checked when it is read; an error names the key and the f
 
 Optional: ``train_log`` (the trainer's logged keys kept in each record), ``safety`` (endpoints compared with the
 first arm), ``descriptive``, ``decision`` (a pilot's rule: :mod:`capo_trl.harness.study_report`), ``reuse`` (an arm's
-records taken from another study's folder, with the reason), ``run_hours`` (one run's deadline), ``family_alpha``,
+records taken from another study's folder, with the reason; with ``seeds``, only those seeds' records, and this
+study runs the arm's other seeds itself), ``run_hours`` (one run's deadline), ``family_alpha``,
 ``other_commits`` (why runs may come from other code), and:
 
 - ``records``: where a run's record lies in the folder, ``{arm}/seed{seed}.json`` by default (``{task}``: the arm's
@@ -99,9 +100,19 @@ class Study:
     def name(self) -> str:
         return self.folder.name
 
+    def reused(self, arm: str, seed: int | None) -> bool:
+        """Whether this run's record is another study's (its arm is reused, for every seed or for this one)."""
+        spec = self.reuse.get(arm)
+        return spec is not None and ("seeds" not in spec or seed in spec["seeds"])
+
+    def own_runs(self) -> list[tuple[str, int | None]]:
+        """The runs this study makes itself, seed-major, arms in the file's order."""
+        return [(arm, seed) for seed in (self.seeds or [None]) for arm in self.arms if not self.reused(arm, seed)]
+
     def own_arms(self) -> list[str]:
-        """The arms this study runs (not those whose records it reuses)."""
-        return [a for a in self.arms if a not in self.reuse]
+        """The arms this study runs, for some seeds at least (not those whose records it reuses for every seed)."""
+        own = {arm for arm, _ in self.own_runs()}
+        return [a for a in self.arms if a in own]
 
     def arm_task(self, arm: str) -> str:
         return self.arms[arm].task or self.task
@@ -111,7 +122,7 @@ class Study:
 
     def record_path(self, arm: str, seed: int | None, into: Path | None = None) -> Path:
         """Where a run's record lives: this folder (or ``into``), or the reused study's folder."""
-        if arm in self.reuse:
+        if self.reused(arm, seed):
             source = repo_root(self.folder) / self.reuse[arm]["folder"]
             return source / records_pattern(source).format(arm=self.reuse[arm]["arm"], seed=seed,
                                                            task=self.arm_task(arm))
@@ -128,7 +139,7 @@ def records_pattern(folder: Path) -> str:
 def _check_checkpoints(arms: dict, folder: Path, steps: int | None, reused: dict) -> None:
     """Each run resumes from its checkpoints and its record reads the last one: every arm must save one at the end."""
     for arm in arms.values():
-        if arm.name in reused or arm.recipe is None:
+        if (arm.name in reused and "seeds" not in reused[arm.name]) or arm.recipe is None:
             continue
         recipe = yaml.safe_load((repo_root(folder) / arm.recipe).read_text()) or {}
         settings = {**recipe, **arm.overrides}
@@ -148,7 +159,7 @@ def _check_records(pattern, study: Study) -> None:
             ".." in pattern.split("/") or not pattern.endswith(".json"):
         raise UsageError(f"{where} = {pattern!r}; write a path relative to the study's folder ending in .json, with "
                          "{arm}, {seed} and {task} where they vary (e.g. {arm}/seed{seed}.json).")
-    paths = [study.record_path(arm, seed) for arm in study.own_arms() for seed in (study.seeds or [None])]
+    paths = [study.record_path(arm, seed) for arm, seed in study.own_runs()]
     if len(set(paths)) != len(paths):
         raise UsageError(f"{where} = {pattern!r} gives two runs the same record; add {{arm}} or {{seed}}.")
 
@@ -210,8 +221,15 @@ def load_study(folder: str | Path) -> Study:
     for arm, spec in mapping(data.get("reuse") or {}, key_path(folder, "reuse")).items():
         where = key_path(folder, f"reuse.{arm}")
         spec = mapping(spec, where)
-        if arm not in arms or set(spec) != {"folder", "arm", "why"}:
-            raise UsageError(f"{where} must name an arm and be {{folder: docs/results/OTHER, arm: NAME, why: TEXT}}.")
+        if arm not in arms or not {"folder", "arm", "why"} <= set(spec) <= {"folder", "arm", "why", "seeds"}:
+            raise UsageError(f"{where} must name an arm and be {{folder: docs/results/OTHER, arm: NAME, why: TEXT}}, "
+                             "with seeds: [...] when only some seeds' records are reused.")
+        if "seeds" in spec:
+            chosen = spec["seeds"]
+            if not isinstance(chosen, list) or not chosen or len(set(chosen)) != len(chosen) or \
+                    not set(chosen) <= set(seeds):
+                raise UsageError(f"{where}.seeds = {chosen!r}; list distinct seeds of the study's seeds "
+                                 "(or leave the key out to reuse every seed).")
         reuse[arm] = dict(spec)
     steps = number(data["steps"], key_path(folder, "steps"), 1, integer=True) if data.get("steps") is not None else None
     _check_checkpoints(arms, folder, steps, reuse)

@@ -62,7 +62,7 @@ def checks(study: Study, runs: dict | None = None) -> dict:
 def mixed_commits(study: Study, runs: dict) -> list[str]:
     """The code the study's own records ran under (the ``src/`` tree of their commits), when there is more than one
     and its file allows none."""
-    trees = sorted({str(r.get("src_tree")) for arm in study.own_arms() for r in runs[arm].values()})
+    trees = sorted({str(runs[arm][seed].get("src_tree")) for arm, seed in study.own_runs() if seed in runs[arm]})
     return trees if len(trees) > 1 and not study.other_commits else []
 
 
@@ -77,7 +77,9 @@ def status(study: Study, into=None) -> str:
                                    for arm in study.arms])
     runs = records(study, into)
     for arm in study.arms:
-        origin = f" (reused from {study.reuse[arm]['folder']})" if arm in study.reuse else ""
+        spec = study.reuse.get(arm)
+        which = "" if spec is None or "seeds" not in spec else f"seeds {', '.join(map(str, spec['seeds']))} "
+        origin = f" ({which}reused from {spec['folder']})" if spec else ""
         lines.append(f"  {arm}: {len(runs[arm])} of {len(study.seeds)} seeds{origin}")
     complete = [s for s in study.seeds if all(s in runs[a] for a in study.arms)]
     lines.append(f"complete seeds: {len(complete)} of {len(study.seeds)}")
