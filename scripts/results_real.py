@@ -297,6 +297,45 @@ def render_real_lr(name: str = "smollm2-lr") -> str:
                   f"end, `{capo}` minus `{grpo}`, by seed: {side}.\n")
 
 
+def render_screen_drift(name: str = "smollm2-screen") -> str:
+    """Exploratory, per run of the screening pilot as each finishes: when the trainer's drift rule
+    (capo_trl.training.monitor.DriftWatch) holds, replayed from the run's logged 5-step means of the signals it
+    reads, against when every completion first ran to the limit; and the push against truncated completions
+    (the run's logged shares summed, over GRPO's on the same batches)."""
+    from capo_trl.harness import study_report
+    from capo_trl.training.monitor import replay_drift
+
+    pilot = study(name)
+    runs, body, drifted, others = study_report.records(pilot), [], [], []
+    for arm, seed in pilot.own_runs():
+        r = runs[arm].get(seed)
+        if r is None:
+            body.append([f"`{arm}`", str(seed), "not run yet"] + ["-"] * 5)
+            continue
+        train = r["train"]
+        warned, stuck = replay_drift(train), all_truncated_from(train)
+        push = [sum(x["capo/truncated_adv_share"] for x in logs) / sum(x["capo/truncated_adv_share_grpo"] for x in logs)
+                if sum(x["capo/truncated_adv_share_grpo"] for x in logs) < 0 else None
+                for logs in (train[:4], train)]
+        end = stuck["step"] if stuck else r["global_step"]  # a run that collapsed only at test: its last step
+        lead = end - warned if warned is not None and warned <= end else None
+        (drifted if study_report.drifted(r, pilot.plan) else others).append((warned, stuck, lead))
+        body.append([f"`{arm}`", str(seed), "no" if warned is None else str(warned),
+                     "no" if stuck is None else str(stuck["step"]), "-" if lead is None or not stuck else str(lead),
+                     f"{max(x['completions/clipped_ratio'] for x in train):.2f}",
+                     *("n/a" if v is None else f"{v:.2f}" for v in push)])
+    out = table(["arm", "seed", "drift warning at step", "every completion at the limit from step",
+                 "steps between", "highest clipped ratio", "push against truncation, of GRPO's: steps 1-20",
+                 "whole run"], body)
+    if not drifted and not others:
+        return out
+    early = sum(lead is not None and lead >= 20 for _, _, lead in drifted)
+    return out + (f"\nOf the {len(drifted) + len(others)} runs finished, {len(drifted)} drifted (the pilot's rule); the "
+                  f"rule warned before {sum(lead is not None for _, _, lead in drifted)} of them, 20 steps or more "
+                  f"before for {early}, and it warned in {sum(w is not None for w, _, _ in others)} of the other "
+                  f"{len(others)} (a run that collapsed only at test counts from its last step).\n")
+
+
 REAL_RENDER = {"smollm2-start": render_real_start, "smollm2-start-mask": render_real_mask,
                "smollm2-calibrate-mask": render_real_calibrate, "smollm2-start-truncation": render_real_truncation,
                "smollm2-sweep": render_real_sweep, "smollm2-pilot": render_real_pilot,
@@ -305,4 +344,4 @@ REAL_RENDER = {"smollm2-start": render_real_start, "smollm2-start-mask": render_
                "smollm2-study-stuck": render_real_stuck,
                "smollm2-tied": render_real_tied, "smollm2-lr": render_real_lr,
                "smollm2-lr-study": lambda: render_real_study(REAL_LR_STUDY),
-               "smollm2-lr-study-words": render_real_lr_words}
+               "smollm2-lr-study-words": render_real_lr_words, "smollm2-screen-drift": render_screen_drift}

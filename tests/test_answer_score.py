@@ -15,7 +15,7 @@ from capo_trl.grader.normalize import answer_span
 from capo_trl.methods import AdvantageInputs, resolve_method
 from capo_trl.rewards import MathReward, math_accuracy_reward
 from capo_trl.training.answers import answer_token_mask, checked_spans, span_source
-from capo_trl.training.monitor import DriftWatch, truncated_share
+from capo_trl.training.monitor import DriftWatch, replay_drift, truncated_share
 
 COMMON = dict(per_device_train_batch_size=8, num_generations=4, max_completion_length=8, max_steps=2,
               learning_rate=1e-2, bf16=False, use_cpu=True, report_to="none", logging_steps=1, save_strategy="no",
@@ -192,6 +192,20 @@ def test_push_sums_the_window_before_dividing():
     watch.observe(2, 0.1, 0.0, 0.0, 0.0, "x")
     watch.observe(3, 0.1, 0.0, 0.0, 0.0, "x")
     assert math.isnan(watch.push())  # GRPO pushed none: no yardstick
+
+
+def test_replay_counts_each_log_for_the_steps_it_averages():
+    """Logged 5-step means replay as 5 steps each: the rule (its 10-step window, from the 20th step) holds within
+    the first log whose steps make it hold and counts at that log; a push as strong as GRPO's, or logs without the
+    clipped ratio, never warn."""
+    def logs(share):
+        return [{"step": 5 * (i + 1), "completions/clipped_ratio": c, "capo/truncated_adv_share": share,
+                 "capo/truncated_adv_share_grpo": -0.2} for i, c in enumerate([0.02] * 4 + [0.3] * 4)]
+    assert replay_drift(logs(-0.02)) == 25  # at step 23 the last 10 average 0.10; push 0.1 of GRPO's
+    assert replay_drift(logs(-0.2)) is None  # GRPO's own push
+    assert replay_drift([{"step": 5, "loss": 1.0}] * 9) is None
+    # a log without the push counts as none: the rule is left with its first half
+    assert replay_drift([{k: v for k, v in x.items() if "share" not in k} for x in logs(-0.2)]) == 25
 
 
 def test_trainer_logs_the_drift_signals(tiny_model_dir, tmp_path, caplog):

@@ -8,7 +8,7 @@ import re
 import statistics
 from pathlib import Path
 
-from capo_trl.training.monitor import DriftWatch
+from capo_trl.training.monitor import replay_drift
 
 ROOT = Path(__file__).resolve().parents[1]
 # finished studies only: a running one's records would change the counts as they land
@@ -22,12 +22,8 @@ def drift_check() -> dict:
     for folder in FOLDERS:
         for path in sorted((ROOT / "docs" / "results" / folder).glob("capo*/seed*.json")):
             train = json.loads(path.read_text())["train"]
-            watch, warned = DriftWatch(), None
-            for log in train:  # each logged value stands for the 5 steps it averages; a warning counts at the
-                for step in range(log["step"] - 4, log["step"] + 1):  # logged step, when all of them had run
-                    # not logged then: right answers that kept writing (0), the push (0 of GRPO's -1)
-                    if watch.observe(step, log["completions/clipped_ratio"], 0.0, 0.0, -1.0, "capo") and warned is None:
-                        warned = log["step"]
+            # not logged then: right answers that kept writing (0), the push (0 of GRPO's)
+            warned = replay_drift(train)
             stuck = next((x["step"] for x in train if x["completions/clipped_ratio"] >= 1.0), None)
             runs.append((stuck, warned))
     collapsed = [(s, w) for s, w in runs if s is not None]
@@ -54,12 +50,7 @@ def replay_check() -> list[tuple[int, int | None, int | None]]:
     out = []
     for path in sorted((ROOT / "docs" / "results" / "smollm2-study" / "replays").glob("*.json")):
         replay = json.loads(path.read_text())
-        watch, warned = DriftWatch(), None
-        for log in replay["train"]:
-            for step in range(log["step"] - 4, log["step"] + 1):
-                if watch.observe(step, log["completions/clipped_ratio"], log["capo/answered_truncated_frac"], 0.0,
-                                 -1.0, "capo") and warned is None:
-                    warned = log["step"]
+        warned = replay_drift(replay["train"])
         stuck = next((x["step"] for x in replay["train"] if x["completions/clipped_ratio"] >= 1.0), None)
         out.append((replay["seed"], warned, stuck))
     return out

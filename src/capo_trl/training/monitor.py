@@ -134,3 +134,23 @@ class DriftWatch:
                 "that all run to the limit, and then trained no more (docs/training.md, 'Drift into answers that never "
                 "end'). Settings that restore the push: score_span='answer' (score the answer's own tokens) or "
                 "truncated_pairs='tied'; or lower learning_rate. Warned once per run.")
+
+
+def replay_drift(logs: list[dict], every: int = 5, settings: str = "advantage_estimator='capo'") -> int | None:
+    """The logged step at which :class:`DriftWatch` would have warned, replayed from a run's logged means (TRL's
+    ``log_history`` or a study record's ``train``), so a finished run's logs say whether the warning came in time.
+
+    Each log stands for the ``every`` steps it averages (``logging_steps``), so a warning counts at the log whose
+    steps made it hold. A signal a log lacks counts as none (no right answer kept writing; no push, 0 of GRPO's),
+    which is how logs from before these signals are replayed.
+    """
+    watch = DriftWatch()
+    for log in logs:
+        if "completions/clipped_ratio" not in log:
+            continue
+        for _ in range(every):
+            if watch.observe(log["step"], log["completions/clipped_ratio"], log.get("capo/answered_truncated_frac", 0.0),
+                             log.get("capo/truncated_adv_share", 0.0), log.get("capo/truncated_adv_share_grpo", -1.0),
+                             settings):
+                return log["step"]
+    return None
