@@ -77,6 +77,8 @@ def test_resume_equals_uninterrupted(setting, tiny_model_dir, tmp_path):
     resumed = make(tiny_model_dir, tmp_path / "stopped", **overrides)
     resumed.train(resume_from_checkpoint=True)
     assert resumed.state.global_step == 4
+    assert resumed._drift.state_dict() == straight._drift.state_dict()  # it warns as if never stopped
+    assert straight._drift.steps == 4
     for (name, p), q in zip(straight.model.named_parameters(), resumed.model.parameters()):
         assert torch.equal(p, q), f"{setting}: {name} differs by {(p - q).abs().max().item():.3g}"
     rows_a, rows_b = logged_after(straight, 2), logged_after(resumed, 2)

@@ -1,11 +1,11 @@
 """What CAPO carries from step to step, saved in each checkpoint and restored on resume.
 
-One file per checkpoint, ``capo_state.pt``, written by the main process with every process's part:
-the mask's measured thresholds (and a measurement still under way; the same on every process, since
-the mask sees the gathered batch), the method's state (CoDaPO's replay, whose deferred batches are
-per process) and each process's reference-score cache. So a run can resume on another number of
-processes: every process gets the same thresholds, a method state is re-split by the method
-(``reshard``) or refused in one line, and the caches are pooled (their entries are exact scores).
+One file per checkpoint, ``capo_state.pt``, written by the main process with every process's part: the
+mask's measured thresholds (and a measurement still under way; the same on every process, since the mask
+sees the gathered batch), the drift warning's record (global too), the method's state (CoDaPO's replay,
+whose deferred batches are per process) and each process's reference-score cache. So a run can resume on
+another number of processes: every process gets the same thresholds, a method state is re-split by the
+method (``reshard``) or refused in one line, and the caches are pooled (their entries are exact scores).
 With the same number of processes a resumed run equals an uninterrupted one (``tests/test_resume.py``).
 
 The file is part of the checkpoint, not an afterthought: it is written atomically (a temporary file,
@@ -54,6 +54,7 @@ class CheckpointedState:
             state["method_state"] = self._method_state.state_dict()
         if self._ref_cache_usable:
             state["ref_cache"] = self._ref_cache.state_dict()
+        state["drift"] = self._drift.state_dict()  # global: it watches the gathered batch
         return state
 
     def _needs_optimizer_files(self) -> bool:
@@ -107,6 +108,8 @@ class CheckpointedState:
         mine = parts[index] if len(parts) == count else parts[0]
         if self._mask is not None and "mask" in mine:
             self._mask.load_state_dict(mine["mask"])  # global: identical in every part
+        if "drift" in mine:  # global too; a checkpoint from before it was saved starts the watch afresh
+            self._drift.load_state_dict(mine["drift"])
         if self._method_state is not None and "method_state" in mine:
             if len(parts) == count:
                 self._method_state.load_state_dict(mine["method_state"])

@@ -102,25 +102,39 @@ class DriftWatch:
                  max_push: float = 0.5):
         self.window, self.min_clipped, self.rise = window, min_clipped, rise
         self.min_answered, self.max_push = min_answered, max_push
-        self.seen: list[tuple[float, float, float, float]] = []  # (clipped, answered, share, grpo share) per step
+        # (clipped, answered, share, grpo share) of the run's first ``window`` steps and of its last ``window``
+        self.first: list[tuple[float, float, float, float]] = []
+        self.last: list[tuple[float, float, float, float]] = []
+        self.steps = 0  # rollouts observed
         self.warned = False
         self.warned_all = False  # the all-truncated warning's own flag
 
+    def state_dict(self) -> dict:
+        """What the rule has seen, saved in each checkpoint so that a resumed run warns as an unstopped one would."""
+        return {"first": [list(r) for r in self.first], "last": [list(r) for r in self.last], "steps": self.steps,
+                "warned": self.warned, "warned_all": self.warned_all}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.first, self.last = [tuple(r) for r in state["first"]], [tuple(r) for r in state["last"]]
+        self.steps, self.warned, self.warned_all = state["steps"], state["warned"], state["warned_all"]
+
     def push(self) -> float:
         """The method's push over the last ``window`` steps as a fraction of GRPO's (NaN: GRPO pushed none)."""
-        recent = self.seen[-self.window:]
-        grpo = sum(r[3] for r in recent)
-        return sum(r[2] for r in recent) / grpo if grpo < 0 else float("nan")
+        grpo = sum(r[3] for r in self.last)
+        return sum(r[2] for r in self.last) / grpo if grpo < 0 else float("nan")
 
     def observe(self, step: int, clipped: float, answered: float, share: float, grpo: float,
                 settings: str) -> str | None:
         """Record one training rollout; the warning's text the first time the rule holds, else None."""
-        self.seen.append((clipped, answered, share, grpo))
-        w = self.window
-        if self.warned or len(self.seen) < 2 * w:
+        w, row = self.window, (clipped, answered, share, grpo)
+        self.steps += 1
+        if len(self.first) < w:
+            self.first.append(row)
+        self.last = [*self.last, row][-w:]
+        if self.warned or self.steps < 2 * w:
             return None
-        start = float(np.mean([r[0] for r in self.seen[:w]]))
-        recent, kept_writing = (float(np.mean([r[i] for r in self.seen[-w:]])) for i in (0, 1))
+        start = float(np.mean([r[0] for r in self.first]))
+        recent, kept_writing = (float(np.mean([r[i] for r in self.last])) for i in (0, 1))
         heading = recent >= max(self.min_clipped, self.rise * start) or kept_writing >= self.min_answered
         push = self.push()
         if not (heading and push < self.max_push):
