@@ -42,6 +42,33 @@ def test_paired_test_by_hand():
     assert (got["n"], got["favour"]) == (3, 3)
 
 
+def test_a_one_sided_paired_test_by_hand():
+    """d = 1, 2, 3 tested one-sided: the t p halves in the direction of the mean and is 1 minus that against it;
+    of the 8 sign patterns only +++ reaches mean >= 2 (1/8); the one-sided 95% bound is the mean minus t(0.95, 2)
+    standard errors, the other bound infinite."""
+    from scipy import stats
+
+    two, up, down = paired_test([1.0, 2.0, 3.0]), paired_test([1.0, 2.0, 3.0], alternative="greater"), \
+        paired_test([1.0, 2.0, 3.0], alternative="less")
+    assert up["p"] == pytest.approx(two["p"] / 2, rel=1e-9) and down["p"] == pytest.approx(1 - two["p"] / 2, rel=1e-9)
+    assert up["flip_p"] == pytest.approx(1 / 8, abs=1e-12) and down["flip_p"] == pytest.approx(1.0, abs=1e-12)
+    assert up["low"] == pytest.approx(2 - stats.t.ppf(0.95, 2) / math.sqrt(3), rel=1e-9) and up["high"] == math.inf
+    assert down["low"] == -math.inf
+
+
+def test_one_sided_power_by_hand():
+    """The noncentral t's tail beyond t(1 - alpha): above the two-sided test's power, and its seeds for power 0.8
+    are those `capo-trl study plan --one_sided` prints."""
+    from scipy import stats
+
+    from capo_trl.harness.paired import t_power
+
+    shift = 0.05 / 0.057 * math.sqrt(10)
+    assert t_power(0.05, 0.057, 10, one_sided=True) == pytest.approx(stats.nct.sf(stats.t.ppf(0.95, 9), 9, shift))
+    assert t_power(0.05, 0.057, 10, one_sided=True) > t_power(0.05, 0.057, 10)
+    assert min(n for n in range(2, 30) if t_power(0.05, 0.057, n, one_sided=True) >= 0.8) == 10
+
+
 def test_sign_flips_beyond_the_exact_limit_are_random_but_reproducible():
     d = np.ones(20)  # exact p would be 2 / 2^20
     first = sign_flip_p(d)
@@ -182,6 +209,54 @@ def test_a_single_look_without_secondaries_is_final_at_its_seeds(tmp_path):
     assert a["secondary"] == [] and a["mask"] == {}
     text = cf.render(a, plan)
     assert "capo-nomask - grpo (primary)" in text and "Secondary" not in text and "final look" in text
+
+
+@pytest.mark.parametrize("alternative, holds", [("greater", True), ("less", False), ("two-sided", True)])
+def test_a_one_sided_primary_holds_only_in_its_direction(tmp_path, alternative, holds):
+    """A study file's primary with ``alternative`` is tested one-sided: the same records hold for greater, not for
+    less, and the page says how the primary was tested."""
+    plan = dataclasses.replace(REDRAW, alternative=alternative)
+    folder = tmp_path / "redraw"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"methods": list(plan.arms.values()), "seeds": list(range(12))}))
+    for s in range(12):
+        for arm in plan.arms:
+            rec = {k: 0.4 for k in KEYS} | {"auroc": 0.7 + (0.02 + 0.01 * (s % 3) if arm == "capo-nomask" else 0),
+                                             "mean_tokens": 28.0, "mask": {}}
+            (folder / arm).mkdir(exist_ok=True)
+            (folder / arm / f"seed{s}.json").write_text(json.dumps(rec))
+    a = cf.analyse(folder, plan)
+    assert a["primary"]["holds"] == holds and a["primary"]["alternative"] == alternative
+    text = cf.render(a, plan)
+    sides = {"greater": "one-sided (capo-nomask - grpo > 0) alpha 0.05", "less": "one-sided (capo-nomask - grpo < 0) "
+             "alpha 0.05", "two-sided": "two-sided alpha 0.05"}[alternative]
+    assert sides in text and ("one-sided t interval" in text) == (alternative != "two-sided")
+
+
+def test_a_study_files_primary_may_be_one_sided(tmp_path):
+    import yaml
+
+    from capo_trl.errors import UsageError
+
+    source = yaml.safe_load((Path(__file__).resolve().parents[1] / "examples/studies/tiny/study.yaml").read_text())
+    root = tmp_path / "project"
+    (root / "examples" / "recipes").mkdir(parents=True)
+    (root / "pyproject.toml").write_text("")
+    for name in ("grpo-arith-tiny-cpu.yaml", "capo-arith-tiny-cpu.yaml"):
+        text = (Path(__file__).resolve().parents[1] / "examples" / "recipes" / name).read_text()
+        (root / "examples" / "recipes" / name).write_text(text)
+    for side, ok in (("greater", True), ("less", True), ("above", False)):
+        source["primary"] = {"endpoint": "auroc", "arm": "capo", "minus": "grpo", "alternative": side}
+        (root / "study.yaml").write_text(yaml.safe_dump(source))
+        if ok:
+            assert load_study(root).plan.alternative == side
+        else:
+            with pytest.raises(UsageError, match=r"primary.alternative = 'above'; use greater .* or less"):
+                load_study(root)
+    source["secondaries"] = [{"endpoint": "accuracy", "arm": "capo", "minus": "grpo", "alternative": "less"}]
+    (root / "study.yaml").write_text(yaml.safe_dump(source))
+    with pytest.raises(UsageError, match=r"secondaries\[0\] must be \{endpoint: E, arm: A, minus: B\}"):
+        load_study(root)
 
 
 def test_the_redraw_plan_is_its_protocols_command():

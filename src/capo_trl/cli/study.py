@@ -50,7 +50,9 @@ def add_study_parser(subparsers) -> None:
             v.add_argument("--sd", type=float, required=True, help="SD of the paired differences (from a pilot)")
             v.add_argument("--effect", type=float, required=True, help="the true difference to detect")
             v.add_argument("--power", type=float, default=0.8, help="the power wanted (default 0.8)")
-            v.add_argument("--alpha", type=float, default=0.05, help="two-sided alpha of the test (default 0.05)")
+            v.add_argument("--alpha", type=float, default=0.05, help="alpha of the test (default 0.05)")
+            v.add_argument("--one_sided", action="store_true",
+                           help="a one-sided test in the effect's direction (a replication of a direction found)")
             v.add_argument("--min_seeds", type=int, default=12, help="never fewer seeds (default 12)")
             v.add_argument("--max_seeds", type=int, default=48, help="never more seeds (default 48)")
     p.set_defaults(func=run_study)
@@ -100,13 +102,14 @@ def _plan(args) -> int:
             raise UsageError(f"--{name} {getattr(args, name)}: it must be > 0.")
     if not 0 < args.power < 1 or not 0 < args.alpha < 1 or not 2 <= args.min_seeds <= args.max_seeds:
         raise UsageError("--power and --alpha must be in (0, 1), and 2 <= --min_seeds <= --max_seeds.")
-    table = {n: t_power(args.effect, args.sd, n, args.alpha) for n in range(args.min_seeds, args.max_seeds + 1)}
+    table = {n: t_power(args.effect, args.sd, n, args.alpha, args.one_sided)
+             for n in range(args.min_seeds, args.max_seeds + 1)}
     seeds = next((n for n, p in table.items() if p >= args.power), None)
     if seeds is None:
         print(f"no number of seeds up to {args.max_seeds} reaches power {args.power} (at {args.max_seeds}: "
               f"{table[args.max_seeds]:.2f}); raise --max_seeds or --effect")
         return 1
     print(f"{seeds} seeds: power {table[seeds]:.2f} for a true difference {args.effect} with SD {args.sd} of the "
-          f"paired differences (paired t, two-sided alpha {args.alpha}); with twice that SD: "
-          f"{t_power(args.effect, 2 * args.sd, seeds, args.alpha):.2f}")
+          f"paired differences (paired t, {'one' if args.one_sided else 'two'}-sided alpha {args.alpha}); with twice "
+          f"that SD: {t_power(args.effect, 2 * args.sd, seeds, args.alpha, args.one_sided):.2f}")
     return 0

@@ -106,10 +106,11 @@ def collapsed(rec: dict, plan: Plan) -> bool:
     return rec["mean_tokens"] >= plan.collapse_tokens or rec.get("finished_frac", 1.0) < plan.min_finished
 
 
-def _contrast(runs, seeds, endpoint, arm, minus, confidence=0.95, flip=False) -> dict:
+def _contrast(runs, seeds, endpoint, arm, minus, confidence=0.95, flip=False, alternative="two-sided") -> dict:
     """``arm - minus`` by seed; the sign-flip test only where the protocol uses it (the primary's sensitivity)."""
     diffs = [runs[arm][s][endpoint] - runs[minus][s][endpoint] for s in seeds]
-    return {"endpoint": endpoint, "arm": arm, "minus": minus, **paired_test(diffs, confidence, flip), "diffs": diffs}
+    return {"endpoint": endpoint, "arm": arm, "minus": minus, **paired_test(diffs, confidence, flip, alternative),
+            "diffs": diffs}
 
 
 def _looks(config: dict, runs: dict, plan: Plan, closed: bool) -> list[tuple[int, list, bool]]:
@@ -138,7 +139,7 @@ def analyse(folder: Path, plan: Plan, loaded: tuple[dict, dict] | None = None) -
         return out
     for index, seeds, final in looks:  # the first look whose primary holds stops the study: no later look is taken
         alpha = plan.looks[index][1]
-        primary = _contrast(runs, seeds, *plan.primary, confidence=1 - alpha, flip=True)
+        primary = _contrast(runs, seeds, *plan.primary, confidence=1 - alpha, flip=True, alternative=plan.alternative)
         holds = primary["p"] < alpha
         if holds:
             break
@@ -203,6 +204,14 @@ def _table(header: list, body: list) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in body)]
 
 
+def _sides(plan: Plan) -> str:
+    """How the primary is tested, in words."""
+    if plan.alternative == "two-sided":
+        return "two-sided"
+    _, arm, minus = plan.primary
+    return f"one-sided ({arm} - {minus} {'>' if plan.alternative == 'greater' else '<'} 0)"
+
+
 def render(analysis: dict, plan: Plan) -> str:
     """The study's numbers as markdown, from :func:`analyse` only (its page renders this block)."""
     finished = analysis["finished"]
@@ -219,10 +228,12 @@ def render(analysis: dict, plan: Plan) -> str:
              "final look" if look["reason"] == "final look" else
              f"{look['name']} look passed without stopping; the study goes on to {plan.max_seeds} complete seeds")
     lines += ["", f"**Look: {look['name']}** ({state}), {n} complete seeds ({', '.join(map(str, look['seeds']))}), "
-              f"two-sided alpha {look['alpha']}."
+              f"{_sides(plan)} alpha {look['alpha']}."
               + (f" Finished runs of seeds {', '.join(map(str, look['incomplete_seeds']))} are not in this look."
                  if look["incomplete_seeds"] else ""), ""]
-    lines += _table(["contrast", "endpoint", "mean", f"{level} t interval", "paired t p", "sign-flip p",
+    sided = "" if plan.alternative == "two-sided" else "one-sided "
+    lines += _table(["contrast", "endpoint", "mean", f"{level} {sided}t interval", f"{sided}paired t p",
+                     f"{sided}sign-flip p",
                      "seeds above 0", "sd of the differences", "holds"],
                     [[f"{p['arm']} - {p['minus']} (primary)", p["endpoint"], f"{p['mean']:+.3f}",
                       f"[{p['low']:+.3f}, {p['high']:+.3f}]", f"{p['p']:.4f}", f"{p['flip_p']:.4f}",

@@ -13,7 +13,7 @@ The file (every key is checked when it is read; an error names the key and the f
       capo: {recipe: examples/recipes/capo-smollm2-135m-lora-cpu.yaml, overrides: {learning_rate: 3.0e-4}}
     seeds: [200, 201, ...]        # run seed-major in this order
     test: {problems: 256, samples: 8, max_new_tokens: 32, seed: 0}
-    primary: {endpoint: auroc, arm: capo, minus: grpo}
+    primary: {endpoint: auroc, arm: capo, minus: grpo}   # alternative: greater|less makes it one-sided
     secondaries: [{endpoint: auroc_question, arm: capo, minus: grpo}, ...]   # one Holm family, in order
     looks: [{seeds: 12, alpha: 0.05}]
     collapse: {mean_tokens: 30, min_finished: 0.5}
@@ -59,7 +59,7 @@ import yaml
 
 from ..errors import UsageError
 from .criterion import check_criterion
-from .study_keys import (ENDPOINTS, FILE, Arm, Plan, Test, check_decision, check_presets,
+from .study_keys import (ENDPOINTS, FILE, Arm, Plan, Test, alternative, check_decision, check_presets,
                          contrast, key_path, mapping, number, read_arms, repo_root)
 
 KINDS = ("pilot", "confirmatory", "measurement")
@@ -275,7 +275,7 @@ def _plan(data: dict, folder: Path, arms: dict, seeds: list, tokens: float, fini
     if data.get("primary") is None or data.get("looks") is None:
         raise UsageError(f"{key_path(folder, 'primary')} and looks: a confirmatory study fixes its primary contrast "
                          "and its looks ([{seeds: N, alpha: A}]) before its first run.")
-    primary = contrast(data["primary"], key_path(folder, "primary"), arms)
+    primary = contrast(data["primary"], key_path(folder, "primary"), arms, primary=True)
     secondaries = tuple(contrast(c, key_path(folder, f"secondaries[{i}]"), arms)
                         for i, c in enumerate(data.get("secondaries") or []))
     looks = []
@@ -290,7 +290,8 @@ def _plan(data: dict, folder: Path, arms: dict, seeds: list, tokens: float, fini
     return Plan(arms=labels, primary=primary, looks=tuple(looks), secondaries=secondaries,
                 deadline=deadline, family_alpha=number(data.get("family_alpha", 0.05), key_path(folder, "family_alpha"),
                                                         1e-9, high=1),
-                collapse_tokens=tokens, min_finished=finished, undefined_auroc=undefined, **extra)
+                collapse_tokens=tokens, min_finished=finished, undefined_auroc=undefined,
+                alternative=alternative(data["primary"], key_path(folder, "primary")), **extra)
 
 
 def _git(root: Path, *args: str) -> str | None:

@@ -35,6 +35,7 @@ class Plan:
     descriptive: tuple = ("e_aurc", "ece", "auroc_question", "coverage@0.8", "derivable/accuracy",
                           "guessable/accuracy", "derivable/mean_score", "guessable/mean_score")
     undefined_auroc: float | None = None  # what an undefined AUROC (one class only) counts as; None: refused
+    alternative: str = "two-sided"  # the primary's test: or one-sided, "greater" (arm above minus) or "less"
 
     @property
     def max_seeds(self) -> int:
@@ -106,11 +107,13 @@ def mapping(value, where: str) -> dict:
     return value
 
 
-def contrast(value, where: str, arms: dict) -> tuple:
+def contrast(value, where: str, arms: dict, primary: bool = False) -> tuple:
+    """(endpoint, arm, minus) of a contrast; the primary may add ``alternative`` (read by :func:`alternative`)."""
     c = mapping(value, where)
     missing = {"endpoint", "arm", "minus"} - set(c)
-    if missing or set(c) - {"endpoint", "arm", "minus"}:
-        raise UsageError(f"{where} must be {{endpoint: E, arm: A, minus: B}}, got {c!r}.")
+    if missing or set(c) - {"endpoint", "arm", "minus", *(("alternative",) if primary else ())}:
+        extra = ", alternative: greater|less (one-sided)" if primary else ""
+        raise UsageError(f"{where} must be {{endpoint: E, arm: A, minus: B{extra}}}, got {c!r}.")
     if c["endpoint"] not in ENDPOINTS and not ("/" in c["endpoint"] or "@" in c["endpoint"]):
         raise UsageError(f"{where}.endpoint = {c['endpoint']!r}; use one of {ENDPOINTS} (or a per-kind key of a "
                          "record, such as guessable/modal_share).")
@@ -118,6 +121,18 @@ def contrast(value, where: str, arms: dict) -> tuple:
         if c[k] not in arms:
             raise UsageError(f"{where}.{k} = {c[k]!r} is not an arm; the arms are {list(arms)}.")
     return c["endpoint"], c["arm"], c["minus"]
+
+
+def alternative(value: dict, where: str) -> str:
+    """The primary test's sides: two-sided unless the file says ``greater`` or ``less`` (a replication testing the
+    direction an earlier study found)."""
+    from .paired import ALTERNATIVES
+
+    side = value.get("alternative", "two-sided")
+    if side not in ALTERNATIVES:
+        raise UsageError(f"{where}.alternative = {side!r}; use greater (the arm above minus) or less, one-sided, or "
+                         "leave it out for a two-sided test.")
+    return side
 
 
 ARM_KEYS = {"recipe", "preset", "overrides", "task", "steps"}
