@@ -297,6 +297,12 @@ def render_real_lr(name: str = "smollm2-lr") -> str:
                   f"end, `{capo}` minus `{grpo}`, by seed: {side}.\n")
 
 
+def _push(logs: list[dict]) -> float | None:
+    """The logs' net advantage on truncated completions over GRPO's on the same batches (None: GRPO pushed none)."""
+    grpo = sum(x["capo/truncated_adv_share_grpo"] for x in logs)
+    return sum(x["capo/truncated_adv_share"] for x in logs) / grpo if grpo < 0 else None
+
+
 def render_screen_drift(name: str = "smollm2-screen") -> str:
     """Exploratory, per run of the screening pilot as each finishes: when the trainer's drift rule
     (capo_trl.training.monitor.DriftWatch) holds, replayed from the run's logged 5-step means of the signals it
@@ -314,9 +320,7 @@ def render_screen_drift(name: str = "smollm2-screen") -> str:
             continue
         train = r["train"]
         warned, stuck = replay_drift(train), all_truncated_from(train)
-        push = [sum(x["capo/truncated_adv_share"] for x in logs) / sum(x["capo/truncated_adv_share_grpo"] for x in logs)
-                if sum(x["capo/truncated_adv_share_grpo"] for x in logs) < 0 else None
-                for logs in (train[:4], train)]
+        push = [_push(train[:4]), _push(train)]
         end = stuck["step"] if stuck else r["global_step"]  # a run that collapsed only at test: its last step
         lead = end - warned if warned is not None and warned <= end else None
         (drifted if study_report.drifted(r, pilot.plan) else others).append((warned, stuck, lead))
