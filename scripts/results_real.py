@@ -11,6 +11,7 @@ from results_common import RESULTS, study, summary, table
 
 REAL_STUDY = "smollm2-study"  # the real model's first confirmatory study, the one the README and the demo cite
 REAL_LR_STUDY = "smollm2-lr-study"  # its second, at learning rate 3e-4
+SCREEN_STUDY = "smollm2-screen"  # its screening pilot of other CAPO settings (the paper's among them)
 
 
 @functools.cache
@@ -27,6 +28,14 @@ def real_lr_result() -> dict:
     from capo_trl.harness import evidence
 
     return evidence.measure_real(study(REAL_LR_STUDY))
+
+
+@functools.cache
+def screen_result() -> dict | None:
+    """The screening pilot as capo_trl.harness.evidence_screen.measure_screen gives it (None before its look)."""
+    from capo_trl.harness import evidence_screen
+
+    return evidence_screen.measure_screen(study(SCREEN_STUDY))
 
 
 def render_real_words() -> str:

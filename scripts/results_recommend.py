@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import textwrap
 
-from results_real import REAL_STUDY, real_result
+from results_real import REAL_STUDY, real_result, screen_result
 
 # Why each recommended value, and its limits: the one text every page that recommends a value renders, and what
 # tests/test_recommendation.py holds every page and recipe to. Evidence so far: the paper's runs on its models,
@@ -17,7 +17,7 @@ RECOMMENDATION = {
     "tau": ("the paper chose 0.6 on Qwen2.5-Math-1.5B (0.5 on 7B; its results moved < 1 point over tau 0.4, 0.6, "
             "1.0); `capo-trl calibrate-mask --write_config recipe.yaml` measures your model's within-group score "
             "spread and writes it as an absolute tau",
-            "unmeasured by us on any real model; tau must be of the order of `capo/score_spread`: check it in the "
+            "measured by us on a real model only in the exploratory screen above; tau must be of the order of `capo/score_spread`: check it in the "
             "first steps (ten times the spread makes CAPO a rescaled Dr. GRPO)"),
     "tau_mode": ("tau in nats is the paper's form, and what `calibrate-mask` writes",
                  "`\"relative\"` (tau in units of the batch's spread) is the embedded tiny model's setting, "
@@ -44,7 +44,7 @@ def render_recommended() -> str:
     """The one recommended configuration for a real model, with its evidence and limits per setting
     (capo_trl.training.defaults.RECOMMENDED and :data:`RECOMMENDATION`): the same block on every page that
     recommends."""
-    from capo_trl.harness import evidence
+    from capo_trl.harness import evidence, evidence_screen
     from capo_trl.training.defaults import RECOMMENDED
 
     def kw(*names):
@@ -55,10 +55,10 @@ def render_recommended() -> str:
     real = real_result()
     lines = ["**Recommended for a real model** (one configuration, `capo_trl.training.defaults.RECOMMENDED`: "
              "`CAPOConfig`'s defaults, the `capo-recommended` preset, the `capo-qwen2.5-math-*` recipes). The "
-             "evidence is the paper's runs on its models, ours on tiny models on CPU, and one study of ours on a "
-             "real model, of CAPO with the embedded preset's relative tau and matched scale, with and without the "
-             "mask (in the mask line); the paper's absolute tau and 1/tau scale are untested by us on any real "
-             "model.", ""]
+             "evidence is the paper's runs on its models, ours on tiny models on CPU, and on a real model, "
+             "SmolLM2-135M-Instruct (dequantised from Q4_1) on two-digit addition: two studies of CAPO with the "
+             "embedded preset's relative tau and matched scale (the first in the mask line), and "
+             f"{evidence_screen.screen_words(screen_result(), '3e-4')}.", ""]
     for name, (why, limits) in RECOMMENDATION.items():
         if name == "noise_mask":
             limits += "; " + evidence.real_mask_words(real, REAL_STUDY)

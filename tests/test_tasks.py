@@ -90,7 +90,7 @@ def test_the_demo_says_what_the_real_models_study_found():
     model's."""
     from pathlib import Path
 
-    from capo_trl.harness import evidence
+    from capo_trl.harness import evidence, evidence_screen
     from capo_trl.harness.demo import demo_budget
     from capo_trl.harness.demo import evidence as said
 
@@ -102,6 +102,9 @@ def test_the_demo_says_what_the_real_models_study_found():
     second = evidence.measure_real(load_study(results / "smollm2-lr-study"))
     assert evidence.REAL_LR_RESULT == (second if second["look"] else None)  # filled in at its look, not before
     tail = evidence.real_lr_words(second) if second["look"] and second["holds"] else ""
+    screen = evidence_screen.measure_screen(load_study(results / "smollm2-screen"))
+    assert evidence_screen.SCREEN_RESULT == screen  # filled in at the pilot's look (every run finished), not before
+    tail += "\n" + evidence_screen.screen_paragraph(screen, "3e-4")
     for task in ("guess-half", "arithmetic", "guess"):
         text = said(demo_budget(task))
         assert text.endswith(evidence.real_words(r) + ("\n" + tail if tail else ""))

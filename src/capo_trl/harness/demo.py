@@ -22,6 +22,7 @@ from . import runs
 from ..evaluation.plots import DEMO_PANELS
 from .driver import Study, run_study
 from .evidence import REAL_LR_RESULT, REAL_RESULT, STUDY_RESULTS, real_lr_words, real_words, study_words
+from .evidence_screen import SCREEN_RESULT, screen_paragraph
 from .paired import paired_interval
 from .presets import Budget, check_budget, check_methods, parse_methods
 from .runs import HEADLINE, START, headline
@@ -67,12 +68,12 @@ def demo_budget(task: str = DEMO_TASK, **fields) -> Budget:
 def evidence(budget: Budget) -> str:
     """What the committed studies say about the task the demo ran, how far its one run can speak to it, and what
     the real model's studies found (another model and task: said apart; the second only if its primary holds, as
-    its protocol says)."""
+    its protocol says), and its screening pilot of the paper's settings (exploratory: means, no verdict)."""
     text = (_tiny_evidence(budget) + "\nOn a real model, not this demo's (docs/results/: its first confirmatory study):\n"
             + real_words(REAL_RESULT))
     if REAL_LR_RESULT is not None and REAL_LR_RESULT["holds"]:
         text += "\n" + real_lr_words(REAL_LR_RESULT)
-    return text
+    return text + "\n" + screen_paragraph(SCREEN_RESULT, "3e-4")
 
 
 def _tiny_evidence(budget: Budget) -> str:

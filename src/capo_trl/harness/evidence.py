@@ -183,22 +183,28 @@ def field_values(recommended: dict, *names: str) -> str:
     return ", ".join(f"`{name}={recommended[name]!r}`".replace("'", '"') for name in names)
 
 
-def first_screen(tiny: dict, real: dict[str, dict], recommended: dict) -> str:
+def first_screen(tiny: dict, real: dict[str, dict], recommended: dict, screen: dict | None = None) -> str:
     """The README's first screen: the configuration to use in one line, then one plain sentence of evidence per
     model kind (both AUROCs and accuracy, each arm's mean), then what that adds up to. ``tiny``: :func:`measure` of
     the tiny models' study; ``real``: :func:`measure_real` of each real-model study at its look, by its learning
     rate, in the order they ran (a study before its look is left out); ``recommended``: the fields of
-    :data:`capo_trl.training.defaults.RECOMMENDED`."""
+    :data:`capo_trl.training.defaults.RECOMMENDED`; ``screen``: the screening pilot of the paper's settings
+    (:func:`capo_trl.harness.evidence_screen.measure_screen`, None before its look)."""
+    from .evidence_screen import screen_words
+
     def kw(*names):
         return field_values(recommended, *names)
     looked = {rate: r for rate, r in real.items() if r["look"]}
     each = ", and ".join(f"at learning rate {rate} {_said(r)} ({_arms(r)})" for rate, r in looked.items())
+    if len(looked) > 1 and len({_said(r) for r in looked.values()}) == 1:  # one verdict: said once
+        each = f"{_said(next(iter(looked.values())))} " + " and ".join(
+            f"at learning rate {rate} ({_arms(r)})" for rate, r in looked.items())
     better = [rate for rate, r in looked.items() if r["primary"][1] > 0]
     # a confirmatory secondary (the primary held, Holm p < 0.05) in CAPO's favour, said beside the primary's verdict
     question = [rate for rate, r in looked.items() if r["holds"] and any(
         e == "auroc_question" and lo > 0 and hp < 0.05 for e, _, _, m, lo, hi, hp in r["secondary"])]
-    so = ("So on a real model CAPO has not ranked answers across questions better than GRPO, the primary endpoint "
-          "of our studies" if not better
+    so = ("So on a real model CAPO has not ranked answers across questions better than GRPO in a confirmatory "
+          "study (our primary endpoint)" if not better
           else f"So on a real model CAPO ranked answers better than GRPO only at learning rate {' and '.join(better)}")
     if question:
         so += (f"; at learning rate {' and '.join(question)} it ranked one question's samples better (a secondary "
@@ -209,9 +215,9 @@ def first_screen(tiny: dict, real: dict[str, dict], recommended: dict) -> str:
         f"the noise mask on at {kw('ref_high', 'ref_low')}).",
         f"- **Tiny models** (CPU; a task where half the items can only be guessed; {tiny['seeds']} seeds): CAPO "
         f"with the tiny models' own settings (no noise mask) {_said(tiny)}: {_arms(tiny)}.",
-        f"- **A real model** (SmolLM2-135M-Instruct from a 4-bit quantised file, LoRA on CPU; two-digit addition; "
-        f"{' or '.join(map(str, seeds))} seeds{' each' if len(looked) > 1 else ''}): the paper's settings have not "
-        f"run on it yet; CAPO with the tiny models' settings {each}.",
+        f"- **A real model** (SmolLM2-135M-Instruct from a 4-bit quantised file, LoRA on CPU; two-digit addition): "
+        f"{screen_words(screen, '3e-4')}. CAPO with the tiny models' settings ({' or '.join(map(str, seeds))} "
+        f"seeds{' each' if len(looked) > 1 else ''}) {each}.",
         "",
         f"{so}: compare the two on yours ([`docs/studies.md`](docs/studies.md)).",
     ]
