@@ -419,6 +419,39 @@ def test_the_second_studys_words_are_fixed_before_its_look(tmp_path, effect, ver
     assert f"counted as 0.5, as its protocol says, for {_C} seed 203; leaving those seeds out" in text
 
 
+@pytest.mark.parametrize("effect, verdict", [
+    (0.06, "so CAPO with the paper's settings kept pooled AUROC better than GRPO there"),
+    (-0.06, "so CAPO with the paper's settings ranked answers worse than GRPO there"),
+    (0.0, "so no difference between CAPO with the paper's settings and GRPO was shown there")])
+def test_the_pick_studys_words_are_fixed_before_its_look(tmp_path, effect, verdict):
+    """The words for the study of the screening pilot's pick, written before its look (a confirmatory study's
+    records, here the second study's layout): no result and no count before the look; at it the verdict its interval
+    supports, naming the pick's settings, and every secondary with its Holm p."""
+    from capo_trl.harness import evidence
+
+    study = committed("smollm2-lr-study", tmp_path)
+    (tmp_path / "start.json").write_text((RESULTS / "smollm2-lr-study" / "start.json").read_text())
+    keys = ("auroc", "accuracy", "mean_tokens", "finished_frac", *study.plan.descriptive)
+    for s in range(200, 212):
+        rng = np.random.default_rng(s)
+        base = 0.75 + rng.normal(0, 0.03)
+        for arm, shift in zip(study.plan.arms, (0.0, effect)):
+            rec = {k: float(rng.uniform(0.2, 0.6)) for k in keys}
+            rec.update(auroc=base + shift + rng.normal(0, 0.01), mean_tokens=23.5, finished_frac=0.97, mask={})
+            (tmp_path / arm).mkdir(exist_ok=True)
+            (tmp_path / arm / f"seed{s}.json").write_text(json.dumps(rec))
+        if s == 210:
+            pending = " ".join(evidence.pick_words(evidence.measure_real(study), "capo-paper").split())
+            assert pending == ("A confirmatory study of the screen's pick, CAPO with the paper's settings, against "
+                               "GRPO at learning rate 3e-4 on the same model and task (its protocol committed before "
+                               "its runs and before the screen's decision) has no result yet: its one analysis comes "
+                               "at 12 complete seeds.")
+    text = " ".join(evidence.pick_words(evidence.measure_real(study), "capo-paper").split())
+    assert text.startswith("At learning rate 3e-4, on the same model and task: in a pre-registered study of the "
+                           "screening pilot's pick at its final look with 12 complete seeds") and verdict in text
+    assert text.count("Holm p = ") == 3 and "under CAPO with the paper's settings: " in text
+
+
 def test_the_runner_keeps_the_record_the_second_studys_analysis_reads(tmp_path, monkeypatch):
     """`capo-trl study run` (cli/study_run.py) with the second study's arm, flags and log keys (its study.yaml, less
     the frozen commit and cannot_run that keep today's runner from it) trains the arm's recipe with its flags on its

@@ -13,6 +13,8 @@ from __future__ import annotations
 import textwrap
 from typing import TYPE_CHECKING
 
+from .evidence_screen import PICK_LABELS, screen_words
+
 if TYPE_CHECKING:
     from .study import Study
 
@@ -190,8 +192,6 @@ def first_screen(tiny: dict, real: dict[str, dict], recommended: dict, screen: d
     rate, in the order they ran (a study before its look is left out); ``recommended``: the fields of
     :data:`capo_trl.training.defaults.RECOMMENDED`; ``screen``: the screening pilot of the paper's settings
     (:func:`capo_trl.harness.evidence_screen.measure_screen`, None before its look)."""
-    from .evidence_screen import screen_words
-
     def kw(*names):
         return field_values(recommended, *names)
     looked = {rate: r for rate, r in real.items() if r["look"]}
@@ -312,13 +312,13 @@ def _real_safety(r: dict) -> str:
             f"finished: {counts}.")
 
 
-def _real_verdict(r: dict) -> str:
-    """What the primary's p and interval support, by the rule fixed before the look."""
+def _real_verdict(r: dict, capo: str = "CAPO without the noise mask") -> str:
+    """What the primary's p and interval support, by the rule fixed before the look (``capo``: its CAPO arm)."""
     if r["holds"] and r["primary"][1] > 0:
-        return "CAPO without the noise mask kept pooled AUROC better than GRPO"
+        return f"{capo} kept pooled AUROC better than GRPO"
     if r["holds"]:
-        return "CAPO without the noise mask ranked answers worse than GRPO"
-    return "no difference between CAPO without the noise mask and GRPO was shown"
+        return f"{capo} ranked answers worse than GRPO"
+    return f"no difference between {capo} and GRPO was shown"
 
 
 def real_words(r: dict) -> str:
@@ -340,10 +340,27 @@ def real_lr_words(r: dict) -> str:
                        "as its protocol says")
 
 
-def _look_words(r: dict, lead: str, undefined_rule: str) -> str:
+PICK_PENDING = (
+    "A confirmatory study of the screen's pick, {label}, against GRPO at learning rate 3e-4 on the same model and "
+    "task (its protocol committed before its runs and before the screen's decision) has no result yet: its one "
+    "analysis comes at {planned} complete seeds.")
+
+
+def pick_words(r: dict, pick: str) -> str:
+    """The confirmatory study of the pilot's pick (``pick``: the pilot's arm), in words fixed before its look, as the
+    earlier studies' were: before it that no result exists; at it the primary's verdict by the protocol's rule and
+    every pre-registered endpoint (:func:`capo_trl.harness.evidence.measure_real` gives ``r``)."""
+    label = PICK_LABELS[pick]
+    if not r["look"]:
+        return _fill(PICK_PENDING.format(label=label, planned=r["planned"]))
+    return _look_words(r, "At learning rate 3e-4, on the same model and task: in a pre-registered study of the "
+                       "screening pilot's pick", "as its protocol says", capo=label)
+
+
+def _look_words(r: dict, lead: str, undefined_rule: str, capo: str = "CAPO without the noise mask") -> str:
     """A real-model study's words at its look: the primary's verdict by the rule fixed before it, then every
-    secondary with its Holm p, accuracy, collapses and undefined AUROCs."""
-    verdict = _real_verdict(r) + " there"
+    secondary with its Holm p, accuracy, collapses and undefined AUROCs (``capo``: the primary's CAPO arm, in words)."""
+    verdict = _real_verdict(r, capo) + " there"
     kind = "confirmatory" if r["holds"] else "exploratory, since the primary does not hold"
     second = "; ".join(f"{ENDPOINTS.get(e, e)}, {arm} minus {minus}: {_iv((m, lo, hi))} (Holm p = {hp:.4f})"
                        for e, arm, minus, m, lo, hi, hp in r["secondary"])
@@ -355,12 +372,12 @@ def _look_words(r: dict, lead: str, undefined_rule: str) -> str:
         undefined = (f" Pooled AUROC was undefined (answers of one class only) and counted as 0.5, {undefined_rule}, "
                      f"for {runs}")
         d = r["defined_only"]
-        undefined += (f"; leaving those seeds out (a sensitivity analysis), CAPO without the mask minus GRPO was "
+        undefined += (f"; leaving those seeds out (a sensitivity analysis), {capo} minus GRPO was "
                       f"{_iv(d)} on {d[3]} seeds." if d else ".")
     return _fill(
         f"{lead} {r['stopped']} with "
-        f"{r['seeds']} complete seeds of 100 steps, GRPO's pooled AUROC went from {r['start']:.3f} before RL to "
-        f"{r['grpo']:.3f} on average and CAPO without the noise mask's to {r['nomask']:.3f}: {_iv(r['primary'])} "
+        f"{r['seeds']} complete seeds of 100 steps, pooled AUROC went from {r['start']:.3f} before RL to "
+        f"{r['grpo']:.3f} on average under GRPO and to {r['nomask']:.3f} under {capo}: {_iv(r['primary'])} "
         f"against GRPO ({100 * r['level']:g}% t interval, the primary endpoint; paired t p = {r['p']:.4f}, exact "
         f"sign-flip p = {r['flip_p']:.4f}; above 0 on {r['above']} of {r['seeds']} seeds), so {verdict}. "
         f"Secondary endpoints, 95% t intervals with Holm's correction ({kind}): {second}. Accuracy against GRPO: "
@@ -391,5 +408,5 @@ def real_mask_words(r: dict, folder: str) -> str:
 
 
 __all__ = ["ENDPOINTS", "MEANS", "REAL_LR_RESULT", "REAL_RESULT", "STUDY_RESULTS",
-           "endpoint_table", "field_values", "first_screen", "measure", "measure_real", "real_lr_words", "real_mask_words", "real_words",
+           "endpoint_table", "field_values", "first_screen", "measure", "measure_real", "pick_words", "real_lr_words", "real_mask_words", "real_words",
            "study_words"]

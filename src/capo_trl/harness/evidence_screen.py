@@ -1,5 +1,6 @@
 """What the real model's screening pilot found of the paper's settings, in words: the clause the README's first
-screen, the recommendation block and ``capo-trl demo`` print beside the confirmatory studies.
+screen, the recommendation block and ``capo-trl demo`` print beside the confirmatory studies (whose words, the
+study of the pilot's pick among them, are :mod:`capo_trl.harness.evidence`'s).
 
 The pilot is exploratory (three seeds, a decision rule, no test), so its words give means and drift counts, never a
 verdict. The demo runs without docs/results/, so its numbers are kept here (:data:`SCREEN_RESULT`, rounded as
@@ -64,10 +65,16 @@ def screen_words(r: dict | None, then: str) -> str:
             f"against {100 * g['accuracy']:.1f}%; {picked}{then}{' (no result yet)' if pick else ''}")
 
 
+# Each candidate the pilot may pick, in words (its arm in the pick's study is this name with "-lr3e-4").
+PICK_LABELS = {"capo-paper": "CAPO with the paper's settings",
+               "capo-paper-nomask": "CAPO with the paper's settings but no noise mask",
+               "capo-paper-answer": "CAPO with the paper's tau and scale, scoring the answer's own tokens, no mask",
+               "capo-preset-answer": "CAPO with the embedded preset, scoring the answer's own tokens"}
 def screen_paragraph(r: dict | None, then: str) -> str:
     """:func:`screen_words` as the paragraph ``capo-trl demo`` prints after the real model's studies."""
     return textwrap.fill(f"On the same model and task, {screen_words(r, then)}.", width=110, break_on_hyphens=False,
                          break_long_words=False) + "\n"
 
 
-__all__ = ["NOMASK_ARM", "PAPER_ARM", "SCREEN_RESULT", "measure_screen", "screen_paragraph", "screen_words"]
+__all__ = ["NOMASK_ARM", "PAPER_ARM", "PICK_LABELS", "SCREEN_RESULT", "measure_screen", "screen_paragraph",
+           "screen_words"]
