@@ -12,6 +12,7 @@ from results_common import RESULTS, study, summary, table
 REAL_STUDY = "smollm2-study"  # the real model's first confirmatory study, the one the README and the demo cite
 REAL_LR_STUDY = "smollm2-lr-study"  # its second, at learning rate 3e-4
 SCREEN_STUDY = "smollm2-screen"  # its screening pilot of other CAPO settings (the paper's among them)
+PICK_STUDY = "smollm2-pick-study"  # the confirmatory study of the pilot's pick, at learning rate 3e-4
 
 
 @functools.cache
@@ -349,6 +350,14 @@ def render_screen_drift(name: str = "smollm2-screen") -> str:
                   f"{len(others)} (a run that collapsed only at test counts from its last step).\n")
 
 
+def render_pick_words() -> str:
+    """The study of the screening pilot's pick in words (capo_trl.harness.evidence.pick_words): before its look that
+    no result exists, every pre-registered endpoint after it, from its committed files."""
+    from capo_trl.harness import evidence
+
+    return evidence.pick_words(evidence.measure_real(study(PICK_STUDY)), screen_result()["pick"])
+
+
 REAL_RENDER = {"smollm2-start": render_real_start, "smollm2-start-mask": render_real_mask,
                "smollm2-calibrate-mask": render_real_calibrate, "smollm2-start-truncation": render_real_truncation,
                "smollm2-sweep": render_real_sweep, "smollm2-pilot": render_real_pilot,
@@ -357,4 +366,5 @@ REAL_RENDER = {"smollm2-start": render_real_start, "smollm2-start-mask": render_
                "smollm2-study-stuck": render_real_stuck,
                "smollm2-tied": render_real_tied, "smollm2-lr": render_real_lr,
                "smollm2-lr-study": lambda: render_real_study(REAL_LR_STUDY),
-               "smollm2-lr-study-words": render_real_lr_words, "smollm2-screen-drift": render_screen_drift}
+               "smollm2-lr-study-words": render_real_lr_words, "smollm2-screen-drift": render_screen_drift,
+               "smollm2-pick-study": lambda: render_real_study(PICK_STUDY), "smollm2-pick-study-words": render_pick_words}

@@ -74,14 +74,14 @@ def test_the_real_models_sentence_follows_each_studys_interval_once_it_has_its_l
     assert "3e-4" not in before and "has not ranked answers across questions better" in before
     above = said((0.05, 0.01, 0.09))
     assert ("at learning rate 3e-4 ranked answers across questions better than GRPO (pooled AUROC 0.750 against "
-            "GRPO's 0.700, per-question AUROC 0.620 against 0.600, accuracy 41.0% against 40.0%)") in above
+            "GRPO's 0.700)") in above
     assert "better than GRPO only at learning rate 3e-4" in above
     across = said((0.05, -0.01, 0.11))
     assert "at learning rate 3e-4 was not shown to rank answers across questions differently" in across
     assert "has not ranked answers across questions better" in across and "one question" not in across
     worse = said((-0.05, -0.09, -0.01))  # the first study's verdict too: said once for both rates
     assert ("ranked answers across questions worse than GRPO at learning rate 1e-3 (pooled AUROC 0.560 against "
-            "GRPO's 0.728") in worse and "and at learning rate 3e-4 (pooled AUROC 0.750" in worse
+            "GRPO's 0.728") in worse and "and at 3e-4 (pooled AUROC 0.750" in worse
 
 
 def test_the_real_models_sentence_gives_the_screens_means_and_pick_never_a_verdict():
@@ -96,7 +96,7 @@ def test_the_real_models_sentence_gives_the_screens_means_and_pick_never_a_verdi
     assert said == ("the paper's settings, in an exploratory screen (3 seeds, learning rate 1e-3): no run drifted "
                     "into answers that never end (3 of 3 without the noise mask), pooled AUROC 0.800 against GRPO's "
                     "0.750, per-question AUROC 0.700 against 0.650, accuracy 50.0% against 45.0%; picked by the "
-                    "screen for a confirmatory study at 3e-4 (no result yet)")
+                    "screen, now in a confirmatory study at 3e-4")
     assert "the screen picked `capo-x` for" in evidence_screen.screen_words({**r, "pick": "capo-x"}, "3e-4")
     assert evidence_screen.screen_words({**r, "pick": None}, "3e-4").endswith(
         "no setting the screen ran qualified for a confirmatory study at 3e-4")

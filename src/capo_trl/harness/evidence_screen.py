@@ -21,7 +21,13 @@ if TYPE_CHECKING:
 PAPER_ARM, NOMASK_ARM = "capo-paper", "capo-paper-nomask"
 KEYS = ("auroc", "auroc_question", "accuracy")
 # The screening pilot at its look (every run finished), as measure_screen() gives it; None before it.
-SCREEN_RESULT: dict | None = None
+SCREEN_RESULT: dict | None = {
+    "seeds": 3, "rate": "1e-3", "pick": "capo-paper",
+    "reference": {"auroc": 0.753, "auroc_question": 0.647, "accuracy": 0.46},
+    "arms": {"capo-paper": {"auroc": 0.757, "auroc_question": 0.685, "accuracy": 0.48, "drifted": 0},
+             "capo-paper-nomask": {"auroc": 0.548, "auroc_question": 0.593, "accuracy": 0.296, "drifted": 3},
+             "capo-paper-answer": {"auroc": 0.726, "auroc_question": 0.624, "accuracy": 0.426, "drifted": 0},
+             "capo-preset-answer": {"auroc": 0.724, "auroc_question": 0.694, "accuracy": 0.465, "drifted": 0}}}
 
 
 def measure_screen(study: Study) -> dict | None:
@@ -55,14 +61,14 @@ def screen_words(r: dict | None, then: str) -> str:
         return "the paper's settings are in an exploratory screen on it (no result yet)"
     p, g, n = r["arms"][PAPER_ARM], r["reference"], r["seeds"]
     pick = r["pick"]
-    picked = ("picked by the screen for a confirmatory study at " if pick == PAPER_ARM
+    picked = ("picked by the screen, now in a confirmatory study at " if pick == PAPER_ARM
               else f"the screen picked `{pick}` for a confirmatory study at " if pick
               else "no setting the screen ran qualified for a confirmatory study at ")
     return (f"the paper's settings, in an exploratory screen ({n} seeds, learning rate {r['rate']}): "
             f"{_drift(p['drifted'], n)} into answers that never end ({r['arms'][NOMASK_ARM]['drifted']} of {n} "
             f"without the noise mask), pooled AUROC {p['auroc']:.3f} against GRPO's {g['auroc']:.3f}, per-question "
             f"AUROC {p['auroc_question']:.3f} against {g['auroc_question']:.3f}, accuracy {100 * p['accuracy']:.1f}% "
-            f"against {100 * g['accuracy']:.1f}%; {picked}{then}{' (no result yet)' if pick else ''}")
+            f"against {100 * g['accuracy']:.1f}%; {picked}{then}{' (no result yet)' if pick and pick != PAPER_ARM else ''}")
 
 
 # Each candidate the pilot may pick, in words (its arm in the pick's study is this name with "-lr3e-4").
