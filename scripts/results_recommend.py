@@ -10,9 +10,10 @@ from results_real import REAL_STUDY, real_result, screen_result
 
 # Why each recommended value, and its limits: the one text every page that recommends a value renders, and what
 # tests/test_recommendation.py holds every page and recipe to. Evidence so far: the paper's runs on its models,
-# ours on tiny models, and one study on a real model (SmolLM2-135M-Instruct, docs/results/smollm2-study/) of the
-# embedded preset's settings, whose numbers the rendered block adds from its files. It found CAPO without the mask
-# ranking answers worse than GRPO and the mask not shown to change that: nothing there favours other values.
+# ours on tiny models, and on a real model (SmolLM2-135M-Instruct) two studies of the embedded preset's settings
+# (docs/results/smollm2-study/, smollm2-lr-study/), which found CAPO without the mask ranking answers worse than
+# GRPO and the mask not shown to change that, and a screen of the paper's settings (smollm2-screen/, exploratory),
+# whose pick is in a confirmatory study (smollm2-pick-study/): the block adds their numbers from their files.
 RECOMMENDATION = {
     "tau": ("the paper chose 0.6 on Qwen2.5-Math-1.5B (0.5 on 7B; its results moved < 1 point over tau 0.4, 0.6, "
             "1.0); `capo-trl calibrate-mask --write_config recipe.yaml` measures your model's within-group score "
