@@ -134,8 +134,9 @@ def test_a_study_runs_from_its_file_resumes_after_a_kill_and_reports(tmp_path, c
     out, _ = second.communicate(timeout=600)
     assert second.returncode == 0, out
     assert "finished 4, failed 0" in out and len(re.findall(r"^finished \w+ seed \d$", out, re.M)) == 4, out
-    for run in resumed:  # the killed runs with a whole checkpoint went on from it
-        assert "--resume_from_checkpoint last" in (run.parent / f"{run.name}.log").read_text(), run
+    for run in resumed:  # the killed runs with a whole checkpoint went on from it (or, at the last step, took it)
+        log = (run.parent / f"{run.name}.log").read_text()
+        assert "--resume_from_checkpoint last" in log or "model files were taken from that checkpoint" in log, run
 
     records = {(arm, s): json.loads((folder / arm / f"seed{s}.json").read_text()) for arm in ("grpo", "capo")
                for s in (0, 1)}
@@ -154,6 +155,29 @@ def test_a_study_runs_from_its_file_resumes_after_a_kill_and_reports(tmp_path, c
     assert "| start |" not in means and "nan" not in means and "guessable" not in means, means  # no start.json
     grpo_auroc = np.mean([value["grpo", s] for s in (0, 1)])
     assert f"| grpo | {grpo_auroc:.3f} |" in means, means
+
+
+def test_a_run_killed_after_its_last_checkpoint_is_finished_from_it(tmp_path):
+    """Killed after its last step's checkpoint but before ``train.done`` (while the final model was being saved),
+    a run is not resumed (transformers would refuse or train one step more) nor retrained: its model files come from
+    that checkpoint, and its record equals the one the uninterrupted run wrote. Real training and test."""
+    from capo_trl.cli import study_run
+
+    study, runs = load_study(project(tmp_path)), tmp_path / "runs"
+    path = study_run.run_one(study, "grpo", 0, runs)
+    whole = json.loads(path.read_text())
+    run = runs / "tiny" / "grpo" / "seed0"
+    path.unlink()
+    shutil.rmtree(run / "test")
+    for item in run.iterdir():  # the window: the last checkpoint saved, no final model, no train.done
+        if item.is_file() and item.name != "times.json":
+            item.unlink()
+    again = json.loads(study_run.run_one(study, "grpo", 0, runs).read_text())
+    log = (runs / "tiny" / "grpo" / "seed0.log").read_text()
+    assert log.count("$ capo-trl train") == 1 and "its model files were taken from that checkpoint" in log
+    drop = ("train_s", "test_s")
+    assert {k: v for k, v in again.items() if k not in drop} == {k: v for k, v in whole.items() if k not in drop}
+    assert again["train_s"] == whole["train_s"]  # the run trained once; no time is added for taking the files
 
 
 # ------------------------------------------------------------------------------------ the keys every study may need

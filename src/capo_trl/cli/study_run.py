@@ -183,12 +183,37 @@ def run_one(study: Study, arm: str, seed: int, runs: Path, into: Path | None = N
     return path
 
 
+# What a checkpoint holds only to resume training (Trainer's and CAPO's state): the rest is the model as saved.
+RESUME_ONLY = ("optimizer.pt", "scheduler.pt", "trainer_state.json", "capo_state.pt", "capo_state_*.pt", "rng_state*.pth")
+
+
+def _finish_from_checkpoint(run: Path, steps: int, log: Path) -> bool:
+    """A run killed after its last step's checkpoint but before ``train.done`` (while the final model was being
+    saved, say) has trained: resuming it would be refused (transformers trains one step more). Its model files are
+    taken from that checkpoint into ``run``, as the final save writes them (the same weights), and True returned."""
+    import shutil
+
+    from ..training.resume import newest_complete
+
+    folder = newest_complete(str(run))[0]
+    if folder is None or json.loads((Path(folder) / "trainer_state.json").read_text())["global_step"] < steps:
+        return False
+    for item in Path(folder).iterdir():
+        if item.is_file() and not any(item.match(pattern) for pattern in RESUME_ONLY):
+            shutil.copy2(item, run / item.name)
+    with open(log, "a") as out:
+        out.write(f"training had reached step {steps} ({Path(folder).name}) when it stopped: its model files were "
+                  "taken from that checkpoint\n")
+    return True
+
+
 def _train_and_test(study: Study, arm: str, seed: int, run: Path, log: Path, times: dict) -> None:
     """Train (resuming from the last checkpoint), then test, each once: a step that finished is not redone."""
     if not (run / "train.done").is_file():
         t0 = time.time()
-        _step(_train_args(study, arm, seed, run), log)
-        times.setdefault("train_s", []).append(round(time.time() - t0))
+        if not _finish_from_checkpoint(run, study.arm_steps(arm), log):
+            _step(_train_args(study, arm, seed, run), log)
+            times.setdefault("train_s", []).append(round(time.time() - t0))
         (run / "train.done").write_text("")
         write_json(run / "times.json", times)
     if not (run / "test" / "report.json").is_file():
