@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import textwrap
 
 from results_common import RESULTS, study, summary, table
 
@@ -352,10 +353,17 @@ def render_screen_drift(name: str = "smollm2-screen") -> str:
 
 def render_pick_words() -> str:
     """The study of the screening pilot's pick in words (capo_trl.harness.evidence.pick_words): before its look that
-    no result exists, every pre-registered endpoint after it, from its committed files."""
-    from capo_trl.harness import evidence
+    no result exists; at it every pre-registered endpoint, from its committed files, and what the library then
+    recommends for a real model by its protocol's rule (capo_trl.harness.evidence_verdict)."""
+    from capo_trl.harness import evidence, evidence_screen, evidence_verdict
 
-    return evidence.pick_words(evidence.measure_real(study(PICK_STUDY)), screen_result()["pick"])
+    found, pick = evidence.measure_real(study(PICK_STUDY)), screen_result()["pick"]
+    words = evidence.pick_words(found, pick)
+    if not found["look"]:
+        return words
+    rec = evidence_verdict.real_recommendation(found, real_lr_result())
+    said = evidence_verdict.recommendation_words(rec, evidence_screen.PICK_LABELS[pick])
+    return words + "\n" + textwrap.fill(said, width=110, break_on_hyphens=False, break_long_words=False) + "\n"
 
 
 REAL_RENDER = {"smollm2-start": render_real_start, "smollm2-start-mask": render_real_mask,

@@ -221,3 +221,27 @@ def test_no_recipe_comment_recommends_another_value(recipe):
     comments = "\n".join(line.split("#", 1)[1] for line in recipe.read_text().splitlines() if "#" in line)
     expected = {**RECOMMENDED, "tau": 0.5} if "7b" in recipe.stem else RECOMMENDED
     assert not disagreements(comments, expected)
+
+
+@pytest.mark.parametrize("primary, holds, config, kept", [
+    ((0.04, 0.01, 0.07), True, "pick", True),       # above 0: the pick, as measured
+    ((0.02, -0.01, 0.05), False, "pick", False),    # no difference shown: nothing kept; the pick did least harm
+    ((-0.03, -0.05, -0.01), True, "pick", False),   # worse than GRPO, less so than the preset's -0.070
+    ((-0.09, -0.12, -0.06), True, "preset", False),  # worse than the preset: the preset did least harm
+])
+def test_the_real_recommendation_follows_the_pick_studys_reporting_rule(primary, holds, config, kept):
+    """Written before the pick study's look: its protocol's rule, against the second study's committed result."""
+    from capo_trl.harness import evidence, evidence_verdict
+
+    preset = evidence.REAL_LR_RESULT
+    pick = {**preset, "primary": primary, "holds": holds, "accuracy": {"capo-paper-lr3e-4": (-0.01, -0.03, 0.01)}}
+    rec = evidence_verdict.real_recommendation(pick, preset)
+    assert (rec["config"], rec["kept"]) == (config, kept)
+    assert rec["primary"] == (primary if config == "pick" else preset["primary"])
+    words = evidence_verdict.recommendation_words(rec, "CAPO with the paper's settings")
+    assert words.startswith("On the real model, CAPO with the paper's settings kept" if kept else
+                            "No CAPO configuration kept calibration better than GRPO on the real model.")
+    named = "CAPO with the paper's settings" if config == "pick" else evidence_verdict.PRESET_LABEL
+    assert named in words and ("-0.058 [-0.074, -0.041]" in words) == (config == "preset")
+    with pytest.raises(ValueError, match="both studies' looks"):
+        evidence_verdict.real_recommendation({**pick, "look": False}, preset)

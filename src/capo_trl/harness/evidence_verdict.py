@@ -1,0 +1,47 @@
+"""What the library recommends for a real model once the study of the screening pilot's pick has its look: the pick
+study's protocol ("Reporting") as a pure function, written before that look so that the recommendation follows from
+the intervals by a rule fixed in advance, not from reading the numbers.
+
+The rule: if the pick's primary holds above 0, the pick is recommended for a real model, labelled as measured on
+this model, task and learning rate. Otherwise no CAPO configuration kept calibration better than GRPO on the real
+model, and the recommendation is the one that did least harm: among the CAPO configurations with a confirmatory
+result against GRPO at 3e-4 (the preset's, from the second study, and the pick's), the one with the higher mean
+primary difference, stated with its interval and its accuracy difference.
+"""
+
+from __future__ import annotations
+
+PRESET_LABEL = "CAPO with the embedded preset's settings (relative tau, matched scale, no noise mask)"
+
+
+def _iv(t: tuple) -> str:
+    return f"{t[0]:+.3f} [{t[1]:+.3f}, {t[2]:+.3f}]"
+
+
+def real_recommendation(pick: dict, preset: dict) -> dict:
+    """Which configuration the library recommends for a real model. ``pick``: the pick's study at its look,
+    ``preset``: the second study (the preset at 3e-4) at its look, each as
+    :func:`capo_trl.harness.evidence.measure_real` gives it. Returns ``kept`` (the pick's primary held above 0),
+    ``config`` ("pick" or "preset") and that study's primary interval and accuracy difference."""
+    if not (pick["look"] and preset["look"]):
+        raise ValueError("the recommendation follows both studies' looks; one has not had it yet")
+    kept = bool(pick["holds"] and pick["primary"][1] > 0)
+    # least harm: the higher mean primary difference (a tie, to three decimals, goes to the pick: it has the mask)
+    config = "pick" if kept or pick["primary"][0] >= preset["primary"][0] else "preset"
+    chosen = pick if config == "pick" else preset
+    (accuracy,) = chosen["accuracy"].values()
+    return {"kept": kept, "config": config, "primary": chosen["primary"], "accuracy": accuracy}
+
+
+def recommendation_words(rec: dict, pick_label: str) -> str:
+    """The recommendation in one plain sentence, for the README's first screen and the recommendation block."""
+    label = pick_label if rec["config"] == "pick" else PRESET_LABEL
+    said = (f"pooled AUROC {_iv(rec['primary'])} against GRPO, accuracy {_iv(rec['accuracy'])}; measured on "
+            "SmolLM2-135M-Instruct from a 4-bit quantised file, two-digit addition, learning rate 3e-4")
+    if rec["kept"]:
+        return f"On the real model, {label} kept calibration better than GRPO ({said})."
+    return (f"No CAPO configuration kept calibration better than GRPO on the real model. What did least harm: "
+            f"{label} ({said}).")
+
+
+__all__ = ["PRESET_LABEL", "real_recommendation", "recommendation_words"]
