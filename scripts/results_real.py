@@ -14,6 +14,7 @@ REAL_STUDY = "smollm2-study"  # the real model's first confirmatory study, the o
 REAL_LR_STUDY = "smollm2-lr-study"  # its second, at learning rate 3e-4
 SCREEN_STUDY = "smollm2-screen"  # its screening pilot of other CAPO settings (the paper's among them)
 PICK_STUDY = "smollm2-pick-study"  # the confirmatory study of the pilot's pick, at learning rate 3e-4
+REPLICATION = "smollm2-pick-guess-half"  # its replication on addition-guess-half
 
 
 @functools.cache
@@ -366,6 +367,13 @@ def render_pick_words() -> str:
     return words + "\n" + textwrap.fill(said, width=110, break_on_hyphens=False, break_long_words=False) + "\n"
 
 
+def render_replication_words() -> str:
+    """The replication on addition-guess-half in words (capo_trl.harness.evidence.replication_words), from its files."""
+    from capo_trl.harness import evidence
+
+    return evidence.replication_words(evidence.measure_real(study(REPLICATION)), screen_result()["pick"])
+
+
 REAL_RENDER = {"smollm2-start": render_real_start, "smollm2-start-mask": render_real_mask,
                "smollm2-calibrate-mask": render_real_calibrate, "smollm2-start-truncation": render_real_truncation,
                "smollm2-sweep": render_real_sweep, "smollm2-pilot": render_real_pilot,
@@ -375,4 +383,6 @@ REAL_RENDER = {"smollm2-start": render_real_start, "smollm2-start-mask": render_
                "smollm2-tied": render_real_tied, "smollm2-lr": render_real_lr,
                "smollm2-lr-study": lambda: render_real_study(REAL_LR_STUDY),
                "smollm2-lr-study-words": render_real_lr_words, "smollm2-screen-drift": render_screen_drift,
-               "smollm2-pick-study": lambda: render_real_study(PICK_STUDY), "smollm2-pick-study-words": render_pick_words}
+               "smollm2-pick-study": lambda: render_real_study(PICK_STUDY), "smollm2-pick-study-words": render_pick_words,
+               "smollm2-pick-guess-half": lambda: render_real_study(REPLICATION),
+               "smollm2-pick-guess-half-words": render_replication_words}

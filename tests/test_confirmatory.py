@@ -446,10 +446,15 @@ def test_the_pick_studys_words_are_fixed_before_its_look(tmp_path, effect, verdi
                                "GRPO at learning rate 3e-4 on the same model and task (its protocol committed before "
                                "its runs and before the screen's decision) has no result yet: its one analysis comes "
                                "at 12 complete seeds.")
+            assert " ".join(evidence.replication_words(evidence.measure_real(study), "capo-paper").split()).endswith(
+                "has no result yet: its one analysis comes at 12 complete seeds.")
     text = " ".join(evidence.pick_words(evidence.measure_real(study), "capo-paper").split())
     assert text.startswith("At learning rate 3e-4, on the same model and task: in a pre-registered study of the "
                            "screening pilot's pick at its final look with 12 complete seeds") and verdict in text
     assert text.count("Holm p = ") == 3 and "under CAPO with the paper's settings: " in text
+    again = " ".join(evidence.replication_words(evidence.measure_real(study), "capo-paper").split())
+    assert again.startswith("On `addition-guess-half` (half the items hide an operand), at learning rate 3e-4: in a "
+                            "pre-registered replication of the pick's study at its final look") and verdict in again
 
 
 def test_the_runner_keeps_the_record_the_second_studys_analysis_reads(tmp_path, monkeypatch):

@@ -46,3 +46,18 @@ def test_the_pick_studys_seeds_come_from_the_power_its_protocol_states(capsys):
     assert said.startswith("13 seeds: ")
     power, doubled = said.split("power ")[1].split()[0], said.rsplit(": ", 1)[1].strip()
     assert f"power {power} with 13 seeds" in protocol and f"({doubled} if the SD is twice that)" in protocol
+
+
+def test_the_replication_runs_the_pick_studys_arms_on_the_other_task_as_its_protocol_says():
+    pick, rep = (load_study(RESULTS / name) for name in ("smollm2-pick-study", "smollm2-pick-guess-half"))
+    assert rep.kind == "confirmatory" and rep.task == "addition-guess-half" and rep.steps == pick.steps == 100
+    assert {a: (s.recipe, s.overrides) for a, s in rep.arms.items()} == \
+        {a: (s.recipe, s.overrides) for a, s in pick.arms.items()}
+    assert rep.seeds == list(range(300, 313)) and not set(rep.seeds) & set(pick.seeds) and not rep.reuse
+    assert rep.test == pick.test and rep.plan.primary == pick.plan.primary
+    assert rep.plan.secondaries == pick.plan.secondaries and rep.plan.alternative == "two-sided"
+    assert [tuple(look) for look in rep.plan.looks] == [(13, 0.05)]
+    assert (rep.plan.collapse_tokens, rep.plan.min_finished, rep.plan.undefined_auroc) == (30.0, 0.5, 0.5)
+    assert rep.plan.deadline.startswith("2027-03-15T00:00:00")
+    protocol = (RESULTS / "smollm2-pick-guess-half" / "protocol.md").read_text()
+    assert "power 0.83 with 13 seeds at two-sided alpha 0.05" in " ".join(protocol.split())

@@ -387,4 +387,4 @@ def test_the_confirmatory_studies_reports_are_their_pages_blocks():
         page = (folder / "README.md").read_text()
         block = page.split(f"<!-- table: {folder.name} (rendered by scripts/results_tables.py) -->\n")[1]
         assert report(study) == block.split("<!-- end table -->")[0], folder.name
-    assert len(shown) == 5, shown
+    assert len(shown) == 6, shown

@@ -359,6 +359,21 @@ def pick_words(r: dict, pick: str) -> str:
                        "screening pilot's pick", "as its protocol says", capo=label)
 
 
+REPLICATION_PENDING = (
+    "A pre-registered replication on `addition-guess-half` (half the items hide an operand), the same two arms at "
+    "learning rate 3e-4 (its protocol committed before its runs and before the pick study's look), has no result "
+    "yet: its one analysis comes at {planned} complete seeds.")
+
+
+def replication_words(r: dict, pick: str) -> str:
+    """The replication of the pick's study on `addition-guess-half`, in words fixed before its look like the pick
+    study's (``r``: :func:`measure_real` of it)."""
+    if not r["look"]:
+        return _fill(REPLICATION_PENDING.format(planned=r["planned"]))
+    return _look_words(r, "On `addition-guess-half` (half the items hide an operand), at learning rate 3e-4: in a "
+                       "pre-registered replication of the pick's study", "as its protocol says", capo=PICK_LABELS[pick])
+
+
 def _look_words(r: dict, lead: str, undefined_rule: str, capo: str = "CAPO without the noise mask") -> str:
     """A real-model study's words at its look: the primary's verdict by the rule fixed before it, then every
     secondary with its Holm p, accuracy, collapses and undefined AUROCs (``capo``: the primary's CAPO arm, in words)."""
@@ -410,5 +425,5 @@ def real_mask_words(r: dict, folder: str) -> str:
 
 
 __all__ = ["ENDPOINTS", "MEANS", "REAL_LR_RESULT", "REAL_RESULT", "STUDY_RESULTS",
-           "endpoint_table", "field_values", "first_screen", "measure", "measure_real", "pick_words", "real_lr_words", "real_mask_words", "real_words",
+           "endpoint_table", "field_values", "first_screen", "measure", "measure_real", "pick_words", "real_lr_words", "replication_words", "real_mask_words", "real_words",
            "study_words"]
