@@ -60,9 +60,16 @@ def render_recommended() -> str:
              "SmolLM2-135M-Instruct (dequantised from Q4_1) on two-digit addition: two studies of CAPO with the "
              "embedded preset's relative tau and matched scale (the first in the mask line), and "
              f"{evidence_screen.screen_words(screen_result(), '3e-4')}.", ""]
+    screen = screen_result()
     for name, (why, limits) in RECOMMENDATION.items():
         if name == "noise_mask":
             limits += "; " + evidence.real_mask_words(real, REAL_STUDY)
+            if screen is not None:  # the screen ran the paper's settings with and without it
+                arms, n = screen["arms"], screen["seeds"]
+                why += (f"; on the real model, with the paper's tau and scale at learning rate {screen['rate']}, "
+                        f"runs drifted into answers that never end on {arms[evidence_screen.NOMASK_ARM]['drifted']} "
+                        f"of {n} seeds without it and {arms[evidence_screen.PAPER_ARM]['drifted']} of {n} with it "
+                        "(an exploratory screen, docs/results/smollm2-screen/)")
         lines.append(f"- {groups[name]}. Evidence: {why}. Limits: {limits}.")
     return "\n".join(textwrap.fill(line, width=110, subsequent_indent="  " if line.startswith("- ") else "",
                                     break_on_hyphens=False, break_long_words=False) for line in lines) + "\n"
