@@ -38,6 +38,9 @@ TOP4 = [f"layers.{layer}.{module}" for layer in range(26, 30) for module in (
     "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
     "mlp.down_proj")]
 CAPO = dict(advantage_estimator="capo", tau=0.5, tau_mode="relative", advantage_scale="matched", noise_mask=False)
+# CAPOConfig's defaults, the paper's settings: the noise mask adds a reference forward to every step
+PAPER = dict(advantage_estimator="capo", tau=0.6, tau_mode="absolute", advantage_scale="paper", noise_mask=True,
+             ref_high=2.5, ref_low=1.05, ref_cache_size=0)
 RECIPE = dict(num_generations=8, per_device_train_batch_size=32, max_completion_length=32, temperature=1.0, beta=0.0,
               learning_rate=0.0, lr_scheduler_type="constant", use_cpu=True, bf16=False, report_to="none",
               logging_steps=100, save_strategy="no", activation_checkpointing=False, disable_tqdm=True)
@@ -58,6 +61,10 @@ VARIANTS = {
     "CAPO recipe + 16 completions": ("capo", {**CAPO, **SHARED, "per_device_train_batch_size": 16}, TOP4,
                                     torch.float32),
     "CAPO recipe + bf16 weights": ("capo", {**CAPO, **SHARED}, TOP4, torch.bfloat16),
+    # the reference forward shares each prompt as the loss does (share_prompt_in_loss): both on, or both off
+    "CAPO paper settings": ("capo", {**PAPER, **SHARED}, TOP4, torch.float32),
+    "CAPO paper settings w/o prompt sharing in the loss": ("capo", {**PAPER, "share_prompt_prefill": True}, TOP4,
+                                                           torch.float32),
 }
 PAIRS = [("CAPO recipe", "GRPO recipe"), ("GRPO recipe", "TRL GRPOTrainer"), ("CAPO recipe", "TRL GRPOTrainer"),
          ("CAPO recipe w/o prompt sharing in the loss", "CAPO recipe"),
@@ -65,7 +72,8 @@ PAIRS = [("CAPO recipe", "GRPO recipe"), ("GRPO recipe", "TRL GRPOTrainer"), ("C
          ("CAPO recipe w/o prompt sharing", "CAPO recipe w/o prompt sharing in the loss"),
          ("CAPO recipe + activation checkpointing", "CAPO recipe w/o prompt sharing in the loss"),
          ("CAPO recipe + LoRA on all layers", "CAPO recipe"), ("CAPO recipe + 16 completions", "CAPO recipe"),
-         ("CAPO recipe + bf16 weights", "CAPO recipe")]
+         ("CAPO recipe + bf16 weights", "CAPO recipe"), ("CAPO paper settings", "CAPO recipe"),
+         ("CAPO paper settings w/o prompt sharing in the loss", "CAPO paper settings")]
 assert not any("," in name for name in VARIANTS)  # --variants splits on commas
 # the default set; bf16 only where the CPU computes it natively (else ask for it by name)
 DEFAULT = ["TRL GRPOTrainer", "GRPO recipe", "CAPO recipe", "CAPO recipe w/o prompt sharing in the loss",
@@ -146,6 +154,8 @@ def build(name, model_path, dataset, reward, out):
     timer.wrap(trainer, "_generate_single_turn", " generation")
     timer.wrap(trainer, "_generate_and_score_completions", "rollout (generation, rewards, scoring)")
     timer.wrap(trainer, "compute_loss", "loss forward")
+    if hasattr(trainer, "_reference_scores"):  # inside the rollout: the mask's reference forward (CAPOTrainer)
+        timer.wrap(trainer, "_reference_scores", "  reference forward")
     timer.wrap(trainer, "training_step", "step")
     # generate() runs the base model's forward, not the PeftModel's: hook the base, which every forward reaches
     timer.prefill(trainer.model.get_base_model() if hasattr(trainer.model, "get_base_model") else trainer.model)
@@ -207,7 +217,8 @@ def main(argv=None):
             parts[name]["skipped rows (frac)"] = skipped or [0.0]  # logged once, over the run's steps
             print(f"  {name}: {[round(s, 1) for s, _ in durations]} s per step", flush=True)
     print()
-    labels = ["rollout (generation, rewards, scoring)", " generation", "  prefill", "loss forward"]
+    labels = ["rollout (generation, rewards, scoring)", " generation", "  prefill", "  reference forward",
+              "loss forward"]
     print(f"{'variant':44s} {'s/step':>7s} " + " ".join(f"{lab.strip()[:16]:>16s}" for lab in labels)
           + f" {'backward':>12s} {'skipped':>8s}")
     med = {}

@@ -108,3 +108,47 @@ def test_it_is_refused_where_it_cannot_work(tmp_path):
         CAPOConfig(**{**base, "activation_checkpointing": True})
     with pytest.raises(ValueError, match="share_prompt_in_loss=True does not work with advantage_estimator='simko'"):
         CAPOConfig(**{**base, "advantage_estimator": "simko"})
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["own-reference", "lora-reference"])
+def test_the_masks_reference_forward_shares_prompts_too(tiny_model_dir, tmp_path, lora):
+    """With share_prompt_in_loss the noise mask's reference forward runs each prompt once as well: the reference
+    scores equal the unshared forward's to float rounding (1e-5 on a mean token log-prob), through a separate
+    reference model and through PEFT's reference adapter."""
+    import capo_trl.training.scoring as scoring
+
+    peft_config = None
+    if lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])
+    trainer = CAPOTrainer(model=tiny_model_dir, reward_funcs=mixed, train_dataset=tiny_dataset(), peft_config=peft_config,
+                          args=CAPOConfig(output_dir=str(tmp_path), noise_mask=True, ref_cache_size=0,
+                                          share_prompt_in_loss=True, **COMMON))
+    torch.manual_seed(1)
+    vocab, rows, prompt, completion = trainer.model.config.vocab_size, 8, 6, 5
+    base = torch.randint(3, vocab, (2, prompt)).repeat_interleave(4, dim=0)  # two groups of four rows
+    out = {"prompt_ids": base, "prompt_mask": torch.ones(rows, prompt, dtype=torch.long),
+           "completion_ids": torch.randint(3, vocab, (rows, completion)),
+           "completion_mask": torch.ones(rows, completion, dtype=torch.long)}
+    out["completion_mask"][::3, 3:] = 0
+    loss_mask = out["completion_mask"].float()
+
+    class Record:
+        ref_cache_start = None
+    calls = []
+    real = scoring.shared_prompt_logps
+
+    def counted(*args, **kwargs):
+        calls.append(args[1].size(0))
+        return real(*args, **kwargs)
+    scoring.shared_prompt_logps = counted
+    try:
+        shared = trainer._reference_scores(out, loss_mask, Record())
+        trainer.args.share_prompt_in_loss = False
+        unshared = trainer._reference_scores(out, loss_mask, Record())
+    finally:
+        scoring.shared_prompt_logps = real
+    assert calls == [rows]  # the shared forward ran once, for the first call only
+    torch.testing.assert_close(shared, unshared, rtol=0, atol=1e-5)
+    assert torch.isfinite(shared).all()

@@ -140,7 +140,8 @@ class CAPOConfig(*_METHOD_ARGS, GRPOConfig):
             prompts are long next to completions (few-shot prompts on a CPU).
         share_prompt_in_loss (`bool`, defaults to `False`):
             In the loss, forward each distinct prompt of a micro-batch once, its cache shared by its rows
-            (`capo_trl.training.prompt_sharing`), instead of once per row. The log-probs and gradient equal
+            (`capo_trl.training.prompt_sharing`), instead of once per row; the noise mask's reference forward
+            shares them too. The log-probs and gradient equal
             TRL's up to float rounding (hence off by default). Worth it when prompts are long next to
             completions. Needs `activation_checkpointing=False` (checkpointing turns the cache off) and
             one process; not with a method that reads the full logits or its own sequence loss.

@@ -19,6 +19,7 @@ from trl.trainer.utils import use_adapter
 from ..advantages import mean_token_logprob
 from .answers import answer_token_mask, checked_spans
 from .losses import FORWARD_KEYS
+from .prompt_sharing import shared_prompt_logps
 from .reference import sequence_keys
 
 
@@ -64,20 +65,27 @@ class ReferenceScoring:
         """Forwards through the model are collectives (ZeRO-3 or FSDP)."""
         return bool(self._dist.is_zero3 or self.is_fsdp_enabled)
 
-    def _forward_logps(self, model, out, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """One no-grad forward through TRL's own log-prob routine (same temperature and masking as the loss)."""
+    def _forward_logps(self, model, out, rows: torch.Tensor | None = None, shared: bool = False) -> torch.Tensor:
+        """One no-grad forward through TRL's own log-prob routine (same temperature and masking as the loss).
+
+        ``shared``: each distinct prompt runs once (:func:`shared_prompt_logps`, the loss's ``share_prompt_in_loss``
+        forward): the same log-probs up to float rounding, for a fraction of the prompt's cost.
+        """
         extra = {k: out[k] for k in FORWARD_KEYS if k in out}
         if rows is not None and extra:
             raise ValueError("multimodal inputs (images) are not per row: score every row (rows=None)")
         take = (lambda t: t) if rows is None else (lambda t: t[rows])
         input_ids = torch.cat([take(out["prompt_ids"]), take(out["completion_ids"])], dim=1)
         attention_mask = torch.cat([take(out["prompt_mask"]), take(out["completion_mask"])], dim=1)
+        width, batch_size = out["completion_ids"].size(1), self.args.per_device_train_batch_size
         with (torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs),
               scoring_mode(model, self.accelerator.device)):
-            logps, _, _ = self._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, out["completion_ids"].size(1),
-                batch_size=self.args.per_device_train_batch_size, **extra,
-            )
+            if shared and not extra and out["prompt_ids"].size(1) >= 2:
+                logps, _ = shared_prompt_logps(model, input_ids, attention_mask, width, batch_size, False,
+                                               self.accelerator.autocast)
+            else:
+                logps, _, _ = self._get_per_token_logps_and_entropies(model, input_ids, attention_mask, width,
+                                                                      batch_size=batch_size, **extra)
         return logps
 
     def _rollout_scores(self, out, loss_mask, record) -> torch.Tensor:
@@ -209,12 +217,13 @@ class ReferenceScoring:
         if missing.numel() == 0:
             return scores
         rows = None if missing.numel() == n else missing
+        shared = self.args.share_prompt_in_loss  # the rows of a group share their prompt here too
         if self._capo_ref_model is not None:
-            logps = self._forward_logps(self._capo_ref_model, out, rows)
+            logps = self._forward_logps(self._capo_ref_model, out, rows, shared)
         else:  # PEFT: the "ref" adapter (a frozen copy of the initial one), or the base model for a fresh adapter
             unwrapped = self.accelerator.unwrap_model(self.model)
             with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None):
-                logps = self._forward_logps(self.model, out, rows)
+                logps = self._forward_logps(self.model, out, rows, shared)
         fresh = mean_token_logprob(logps, loss_mask[missing])
         used = todo[forward]  # rows scored only to keep the forwards collective stay NaN, as without sharding
         missing, fresh = missing[used.to(missing.device)], fresh[used.to(fresh.device)]
