@@ -64,9 +64,9 @@ def test_scapo_trains_on_the_embedded_task(tmp_path):
         seen.append((out["advantages"].clone(), out["completion_mask"].clone()))
         return out
 
-    def fwd(model, out, rows=None):
+    def fwd(model, out, rows=None, shared=False):
         forwards.append(trainer.state.global_step)
-        return original_fwd(model, out, rows)
+        return original_fwd(model, out, rows, shared)
 
     trainer._generate_and_score_completions, trainer._forward_logps = gen, fwd
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
