@@ -8,6 +8,8 @@ than MOVED = 1e-4: a shifted position, a wrong mask or a prompt gradient counted
 be far over it.
 """
 
+import contextlib
+
 import pytest
 import torch
 from capo_trl.testing.tiny import tiny_dataset
@@ -27,24 +29,30 @@ def mixed(completions, **kwargs):
     return [float(i % 2) for i in range(len(completions))]
 
 
-def train(model, out, peft_config=None, **overrides):
-    trainer = CAPOTrainer(model=model, reward_funcs=mixed, train_dataset=tiny_dataset(), peft_config=peft_config,
-                          args=CAPOConfig(output_dir=str(out), **{**COMMON, **overrides}))
-    start = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-    calls = []
-    import capo_trl.training.losses as losses
-
-    real = losses.shared_prompt_logps
+@contextlib.contextmanager
+def counting_shared_forwards(module):
+    """The rows of every call of ``module.shared_prompt_logps`` while inside (the name the module calls)."""
+    calls, real = [], module.shared_prompt_logps
 
     def counted(*args, **kwargs):
         calls.append(args[1].size(0))
         return real(*args, **kwargs)
 
-    losses.shared_prompt_logps = counted
+    module.shared_prompt_logps = counted
     try:
-        trainer.train()
+        yield calls
     finally:
-        losses.shared_prompt_logps = real
+        module.shared_prompt_logps = real
+
+
+def train(model, out, peft_config=None, **overrides):
+    import capo_trl.training.losses as losses
+
+    trainer = CAPOTrainer(model=model, reward_funcs=mixed, train_dataset=tiny_dataset(), peft_config=peft_config,
+                          args=CAPOConfig(output_dir=str(out), **{**COMMON, **overrides}))
+    start = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    with counting_shared_forwards(losses) as calls:
+        trainer.train()
     return trainer, start, calls
 
 
@@ -136,19 +144,10 @@ def test_the_masks_reference_forward_shares_prompts_too(tiny_model_dir, tmp_path
 
     class Record:
         ref_cache_start = None
-    calls = []
-    real = scoring.shared_prompt_logps
-
-    def counted(*args, **kwargs):
-        calls.append(args[1].size(0))
-        return real(*args, **kwargs)
-    scoring.shared_prompt_logps = counted
-    try:
+    with counting_shared_forwards(scoring) as calls:
         shared = trainer._reference_scores(out, loss_mask, Record())
         trainer.args.share_prompt_in_loss = False
         unshared = trainer._reference_scores(out, loss_mask, Record())
-    finally:
-        scoring.shared_prompt_logps = real
     assert calls == [rows]  # the shared forward ran once, for the first call only
     torch.testing.assert_close(shared, unshared, rtol=0, atol=1e-5)
     assert torch.isfinite(shared).all()

@@ -11,11 +11,9 @@ primary difference, stated with its interval and its accuracy difference.
 
 from __future__ import annotations
 
+from .evidence import _iv
+
 PRESET_LABEL = "CAPO with the embedded preset's settings (relative tau, matched scale, no noise mask)"
-
-
-def _iv(t: tuple) -> str:
-    return f"{t[0]:+.3f} [{t[1]:+.3f}, {t[2]:+.3f}]"
 
 
 def real_recommendation(pick: dict, preset: dict) -> dict:
