@@ -321,3 +321,32 @@ def test_results_tables_are_rendered_from_committed_files():
     """Every block scripts/results_tables.py renders is current (in-process: capo_trl is imported already)."""
     problems = script("results_tables").problems()
     assert not problems, "\n".join(problems)[-6000:]
+
+
+def started_studies() -> set[str]:
+    """The study folders (with a ``study.yaml``) holding at least one record of a run of their own."""
+    from capo_trl.harness.study import load_study
+
+    out = set()
+    for path in sorted(RESULTS.glob("*/study.yaml")):
+        study = load_study(path.parent)
+        if any(study.record_path(arm, seed).is_file() for arm, seed in study.own_runs()):
+            out.add(path.parent.name)
+    return out
+
+
+def test_no_page_says_a_study_that_has_records_has_not_started():
+    """A study's state in prose goes stale as its records land: a line saying "not started" may name (or, as a
+    page's title, be the page of) only a study without a record of its own."""
+    started = started_studies()
+    assert "guess-redraw-study" in started  # the check reads records at all
+    stale = []
+    for where, path, text in texts():
+        for n, line in enumerate(text.splitlines(), 1):
+            if "not started" not in line:
+                continue
+            named = {name for name in started if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", line)}
+            if line.startswith("# ") and path.parent.parent == RESULTS:
+                named |= {path.parent.name} & started
+            stale += [f"{where}:{n}: says 'not started' of {name}, which has records" for name in sorted(named)]
+    assert not stale, "\n".join(stale)
