@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import json
-import textwrap
 
 from results_common import RESULTS, study, summary, table
 
@@ -39,6 +38,22 @@ def screen_result() -> dict | None:
     from capo_trl.harness import evidence_screen
 
     return evidence_screen.measure_screen(study(SCREEN_STUDY))
+
+
+@functools.cache
+def pick_result() -> dict:
+    """The study of the screening pilot's pick as capo_trl.harness.evidence.measure_real gives it (once per run)."""
+    from capo_trl.harness import evidence
+
+    return evidence.measure_real(study(PICK_STUDY))
+
+
+@functools.cache
+def replication_result() -> dict:
+    """The replication on addition-guess-half as capo_trl.harness.evidence.measure_real gives it (once per run)."""
+    from capo_trl.harness import evidence
+
+    return evidence.measure_real(study(REPLICATION))
 
 
 def render_real_words() -> str:
@@ -353,25 +368,18 @@ def render_screen_drift(name: str = "smollm2-screen") -> str:
 
 
 def render_pick_words() -> str:
-    """The study of the screening pilot's pick in words (capo_trl.harness.evidence.pick_words): before its look that
-    no result exists; at it every pre-registered endpoint, from its committed files, and what the library then
-    recommends for a real model by its protocol's rule (capo_trl.harness.evidence_verdict)."""
-    from capo_trl.harness import evidence, evidence_screen, evidence_verdict
+    """The study of the screening pilot's pick in words, and from its look what the library recommends for a real
+    model by its protocol's rule (capo_trl.harness.evidence_verdict.pick_paragraphs), from its committed files."""
+    from capo_trl.harness import evidence_verdict
 
-    found, pick = evidence.measure_real(study(PICK_STUDY)), screen_result()["pick"]
-    words = evidence.pick_words(found, pick)
-    if not found["look"]:
-        return words
-    rec = evidence_verdict.real_recommendation(found, real_lr_result())
-    said = evidence_verdict.recommendation_words(rec, evidence_screen.PICK_LABELS[pick])
-    return words + "\n" + textwrap.fill(said, width=110, break_on_hyphens=False, break_long_words=False) + "\n"
+    return evidence_verdict.pick_paragraphs(pick_result(), real_lr_result(), screen_result()["pick"])
 
 
 def render_replication_words() -> str:
     """The replication on addition-guess-half in words (capo_trl.harness.evidence.replication_words), from its files."""
     from capo_trl.harness import evidence
 
-    return evidence.replication_words(evidence.measure_real(study(REPLICATION)), screen_result()["pick"])
+    return evidence.replication_words(replication_result(), screen_result()["pick"])
 
 
 REAL_RENDER = {"smollm2-start": render_real_start, "smollm2-start-mask": render_real_mask,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import textwrap
 
-from results_real import REAL_STUDY, real_result, screen_result
+from results_real import REAL_STUDY, pick_result, real_lr_result, real_result, replication_result, screen_result
 
 # Why each recommended value, and its limits: the one text every page that recommends a value renders, and what
 # tests/test_recommendation.py holds every page and recipe to. Evidence so far: the paper's runs on its models,
@@ -45,7 +45,7 @@ def render_recommended() -> str:
     """The one recommended configuration for a real model, with its evidence and limits per setting
     (capo_trl.training.defaults.RECOMMENDED and :data:`RECOMMENDATION`): the same block on every page that
     recommends."""
-    from capo_trl.harness import evidence, evidence_screen
+    from capo_trl.harness import evidence, evidence_screen, evidence_verdict
     from capo_trl.training.defaults import RECOMMENDED
 
     def kw(*names):
@@ -60,7 +60,13 @@ def render_recommended() -> str:
              "SmolLM2-135M-Instruct (dequantised from Q4_1) on two-digit addition: two studies of CAPO with the "
              "embedded preset's relative tau and matched scale (the first in the mask line), and "
              f"{evidence_screen.screen_words(screen_result(), '3e-4')}.", ""]
-    screen = screen_result()
+    screen, pick = screen_result(), pick_result()
+    if pick["look"]:  # the pick study's protocol: from its look, every endpoint and what its rule recommends,
+        # with the replication's result beside it from its own look
+        lines += [evidence_verdict.pick_paragraphs(pick, real_lr_result(), screen["pick"]).rstrip("\n"), ""]
+        replication = replication_result()
+        if replication["look"]:
+            lines += [evidence.replication_words(replication, screen["pick"]).rstrip("\n"), ""]
     for name, (why, limits) in RECOMMENDATION.items():
         if name == "noise_mask":
             limits += "; " + evidence.real_mask_words(real, REAL_STUDY)

@@ -61,6 +61,7 @@ def test_the_real_models_sentence_follows_each_studys_interval_once_it_has_its_l
     """Written before the second study's look: a study before its look is left out; at it, its verdict follows its
     interval (above 0, below, or across), and the closing sentence names a rate only where CAPO ranked better."""
     from capo_trl.harness import evidence
+    from capo_trl.harness.first_screen import first_screen
     from capo_trl.training.defaults import RECOMMENDED
 
     tiny, first = evidence.STUDY_RESULTS["guess-half"], evidence.REAL_RESULT
@@ -69,8 +70,8 @@ def test_the_real_models_sentence_follows_each_studys_interval_once_it_has_its_l
 
     def said(primary):
         second = {**first, "primary": primary, "means": means}
-        return " ".join(evidence.first_screen(tiny, {"1e-3": first, "3e-4": second}, RECOMMENDED).split())
-    before = " ".join(evidence.first_screen(tiny, {"1e-3": first, "3e-4": {"look": False}}, RECOMMENDED).split())
+        return " ".join(first_screen(tiny, {"1e-3": first, "3e-4": second}, RECOMMENDED).split())
+    before = " ".join(first_screen(tiny, {"1e-3": first, "3e-4": {"look": False}}, RECOMMENDED).split())
     assert "3e-4" not in before and "has not ranked answers across questions better" in before
     above = said((0.05, 0.01, 0.09))
     assert ("at learning rate 3e-4 ranked answers across questions better than GRPO (pooled AUROC 0.750 against "
@@ -101,3 +102,55 @@ def test_the_real_models_sentence_gives_the_screens_means_and_pick_never_a_verdi
     assert evidence_screen.screen_words({**r, "pick": None}, "3e-4").endswith(
         "no setting the screen ran qualified for a confirmatory study at 3e-4")
     assert "no result yet" in evidence_screen.screen_words(None, "3e-4")
+
+
+PICK_MEANS = {"grpo": {"auroc": 0.806, "auroc_question": 0.681, "accuracy": 0.522},
+              "capo": {"auroc": 0.83, "auroc_question": 0.7, "accuracy": 0.51}}
+
+
+def pick_screen(primary, holds=True, recommended=None):
+    """The first screen with the pick study at its look (written before it): a made-up result for the pick, the
+    committed results for everything else."""
+    from capo_trl.harness import evidence, evidence_screen
+    from capo_trl.harness.first_screen import first_screen
+    from capo_trl.training.defaults import RECOMMENDED
+
+    pick = {**evidence.REAL_LR_RESULT, "seeds": 13, "primary": primary, "holds": holds, "means": PICK_MEANS,
+            "accuracy": {"capo-paper-lr3e-4": (-0.012, -0.03, 0.006)},
+            "collapsed": {"grpo-lr3e-4": 0, "capo-paper-lr3e-4": 1}}
+    real = {"1e-3": evidence.REAL_RESULT, "3e-4": evidence.REAL_LR_RESULT}
+    return first_screen(evidence.STUDY_RESULTS["guess-half"], real, recommended or RECOMMENDED,
+                        evidence_screen.SCREEN_RESULT, pick)
+
+
+def test_at_the_pick_studys_look_the_first_screen_gives_its_result_and_the_rules_recommendation():
+    """The pick study's protocol ("Reporting"), written before its look: its confirmatory result replaces the
+    screen's exploratory clause; if the primary holds above 0 the pick is what to use, as measured; otherwise the
+    first line says plainly that no CAPO configuration kept calibration better than GRPO, and what did least harm."""
+    from capo_trl.harness.first_screen import what_to_use
+    from capo_trl.training.defaults import EMBEDDED_METHOD, RECOMMENDED
+
+    kept = pick_screen((0.03, 0.01, 0.05))
+    flat = " ".join(kept.split())
+    assert flat.startswith("**What to use:** `CAPOConfig()` as it comes, the paper's settings (`tau=0.6`")
+    assert ("CAPO with the paper's settings, picked by an exploratory screen, in a confirmatory study (13 seeds, "
+            "learning rate 3e-4) ranked answers across questions better than GRPO: pooled AUROC 0.830 against "
+            "GRPO's 0.806, per-question AUROC 0.700 against 0.681, accuracy 51.0% against 52.2%; runs that drifted "
+            "into answers that never end: 1 of 13 (GRPO's: 0).") in flat
+    assert "So on a real model CAPO with the paper's settings kept calibration better than GRPO" in flat
+    assert "exploratory screen (3 seeds" not in flat  # the screen's means give way to the confirmatory result
+    for primary, holds in (((0.01, -0.01, 0.03), False), ((-0.03, -0.05, -0.01), True)):  # the pick did least harm
+        flat = " ".join(pick_screen(primary, holds).split())
+        assert flat.startswith("**What to use:** no CAPO configuration kept calibration better than GRPO on a real "
+                               "model; the one that did least harm there is `CAPOConfig()` as it comes, the paper's")
+        assert "So in a confirmatory study on a real model no CAPO configuration has kept calibration" in flat
+    preset = {**RECOMMENDED, **EMBEDDED_METHOD}  # what the library would recommend by hand if the preset did least harm
+    flat = " ".join(pick_screen((-0.09, -0.12, -0.06), True, preset).split())
+    assert flat.startswith("**What to use:** no CAPO configuration kept calibration better than GRPO on a real model; "
+                           'the one that did least harm there is `CAPOConfig()` as it comes (`tau=0.5`, '
+                           '`tau_mode="relative"`, `advantage_scale="matched"`, no noise mask).')
+    assert what_to_use(preset) in flat
+    for screen in (kept, pick_screen((-0.09, -0.12, -0.06), True, preset)):
+        rest = first_screen().replace(BLOCK.search(first_screen())[1], screen)  # it still fits the first screen
+        assert len(rest.splitlines()) <= 40, len(rest.splitlines())
+        assert not re.search(r"\[[+-]?\d|Holm|p =|relative tau|matched scale", screen)

@@ -245,3 +245,66 @@ def test_the_real_recommendation_follows_the_pick_studys_reporting_rule(primary,
     assert named in words and ("-0.058 [-0.074, -0.041]" in words) == (config == "preset")
     with pytest.raises(ValueError, match="both studies' looks"):
         evidence_verdict.real_recommendation({**pick, "look": False}, preset)
+
+
+ADVANTAGE = ("advantage_estimator", "tau", "tau_mode", "advantage_scale", "noise_mask")
+
+
+def arm_method(folder: str, arm: str) -> dict:
+    """The CAPO fields an arm of a committed study trained with: its recipe at the study's frozen commit, then its
+    overrides (the mask's thresholds only where the mask is on)."""
+    import subprocess
+
+    from capo_trl.harness.study import load_study
+
+    study = load_study(ROOT / "docs" / "results" / folder)
+    spec = study.arms[arm]
+    recipe = yaml.safe_load(subprocess.run(["git", "show", f"{study.frozen_commit}:{spec.recipe}"], cwd=ROOT,
+                                           check=True, capture_output=True, text=True).stdout)
+    merged = {**recipe, **spec.overrides}
+    keys = ADVANTAGE + (("ref_high", "ref_low") if merged["noise_mask"] else ())
+    return {k: merged[k] for k in keys}
+
+
+def test_the_recommendation_is_the_pick_studys_until_its_look_then_what_its_rule_chose():
+    """The pick study's protocol ("Reporting"): until its look the recommendation stays the settings it tests and the
+    CAPO SmolLM2 recipe the preset's (the one with a confirmatory result at 3e-4); at the look both become what its
+    rule chose (evidence_verdict.real_recommendation): the pick, or the preset's settings if those did less harm.
+    RECOMMENDED (and with it CAPOConfig's defaults, the preset, the pages) and the recipe change by hand."""
+    from capo_trl.harness import evidence, evidence_verdict
+    from capo_trl.harness.study import load_study
+
+    pick = evidence.measure_real(load_study(ROOT / "docs" / "results" / "smollm2-pick-study"))
+    tested = arm_method("smollm2-pick-study", "capo-paper-lr3e-4")
+    chosen = tested
+    if pick["look"]:
+        rec = evidence_verdict.real_recommendation(pick, evidence.REAL_LR_RESULT)
+        if rec["config"] == "preset":
+            chosen = arm_method("smollm2-lr-study", "capo-nomask-lr3e-4")
+    assert tested["tau_mode"] == "absolute" and tested["noise_mask"] is True  # the reading above is of real values
+    assert {k: RECOMMENDED[k] for k in chosen} == chosen
+    recipe = yaml.safe_load((ROOT / "examples" / "recipes" / "capo-smollm2-135m-lora-cpu.yaml").read_text())
+    trains = chosen if pick["look"] else arm_method("smollm2-lr-study", "capo-nomask-lr3e-4")
+    assert {k: recipe.get(k) for k in trains} == trains
+
+
+def test_from_the_pick_studys_look_the_recommendation_block_gives_it_and_what_its_rule_recommends(monkeypatch):
+    """Written before that look: the block every recommending page renders then gives the pick study's every endpoint
+    and the rule's sentence, and from the replication's look its result beside them (the protocol's "Reporting")."""
+    from capo_trl.harness import evidence, evidence_verdict
+    from test_docs import script
+
+    module = script("results_recommend")
+    before = module.render_recommended()
+    assert "kept calibration better than GRPO" not in before and "replication" not in before
+    pick = {**evidence.REAL_LR_RESULT, "seeds": 13, "primary": (0.03, 0.01, 0.05),
+            "accuracy": {"capo-paper-lr3e-4": (-0.01, -0.03, 0.01)}}
+    monkeypatch.setattr(module, "pick_result", lambda: pick)
+    flat = " ".join(module.render_recommended().split())
+    added = " ".join(evidence_verdict.pick_paragraphs(pick, evidence.REAL_LR_RESULT, "capo-paper").split())
+    assert added in flat.split("- `tau=")[0] and "+0.030 [+0.010, +0.050]" in added
+    assert "On the real model, CAPO with the paper's settings kept calibration better than GRPO" in added
+    replication = {**pick, "primary": (0.02, -0.01, 0.05), "holds": False}
+    monkeypatch.setattr(module, "replication_result", lambda: replication)
+    flat = " ".join(module.render_recommended().split())
+    assert " ".join(evidence.replication_words(replication, "capo-paper").split()) in flat.split("- `tau=")[0]

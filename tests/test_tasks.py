@@ -90,7 +90,7 @@ def test_the_demo_says_what_the_real_models_study_found():
     model's."""
     from pathlib import Path
 
-    from capo_trl.harness import evidence, evidence_screen
+    from capo_trl.harness import evidence, evidence_screen, evidence_verdict
     from capo_trl.harness.demo import demo_budget
     from capo_trl.harness.demo import evidence as said
 
@@ -105,10 +105,41 @@ def test_the_demo_says_what_the_real_models_study_found():
     screen = evidence_screen.measure_screen(load_study(results / "smollm2-screen"))
     assert evidence_screen.SCREEN_RESULT == screen  # filled in at the pilot's look (every run finished), not before
     tail += "\n" + evidence_screen.screen_paragraph(screen, "3e-4")
+    pick = evidence.measure_real(load_study(results / "smollm2-pick-study"))
+    assert evidence.PICK_RESULT == (pick if pick["look"] else None)  # filled in at its look, not before
+    if pick["look"]:
+        tail += "\n" + evidence_verdict.pick_paragraphs(pick, second, screen["pick"])
+    replication = evidence.measure_real(load_study(results / "smollm2-pick-guess-half"))
+    assert evidence.REPLICATION_RESULT == (replication if replication["look"] else None)
+    if replication["look"]:
+        tail += "\n" + evidence.replication_words(replication, screen["pick"])
     for task in ("guess-half", "arithmetic", "guess"):
         text = said(demo_budget(task))
         assert text.endswith(evidence.real_words(r) + ("\n" + tail if tail else ""))
         assert "On a real model, not this demo's" in text
+
+
+def test_from_the_pick_studys_look_the_demo_prints_its_words_and_the_recommendation(monkeypatch):
+    """Written before that look: with the pick study's result in its constant, the demo ends with every endpoint of it
+    and the recommendation its protocol's rule gives (the same paragraphs as the study's page), then the
+    replication's from its look."""
+    from capo_trl.harness import demo, evidence, evidence_screen, evidence_verdict
+
+    pick = {**evidence.REAL_LR_RESULT, "seeds": 13, "primary": (-0.09, -0.12, -0.06),
+            "accuracy": {"capo-paper-lr3e-4": (-0.01, -0.03, 0.01)},
+            "collapsed": {"grpo-lr3e-4": 0, "capo-paper-lr3e-4": 0}}
+    before = demo.evidence(demo.demo_budget())
+    monkeypatch.setattr(demo, "PICK_RESULT", pick)
+    text = demo.evidence(demo.demo_budget())
+    added = evidence_verdict.pick_paragraphs(pick, evidence.REAL_LR_RESULT, evidence_screen.SCREEN_RESULT["pick"])
+    assert text == before + "\n" + added
+    assert "No CAPO configuration kept calibration better than GRPO on the real model. What did least harm: " + (
+        evidence_verdict.PRESET_LABEL) in " ".join(added.split())  # -0.09 is below the preset's -0.070
+    assert "exact sign-flip p" in added and "Holm p" in added
+    monkeypatch.setattr(demo, "REPLICATION_RESULT", {**pick, "primary": (0.01, -0.02, 0.04), "holds": False})
+    again = demo.evidence(demo.demo_budget())
+    assert again == text + "\n" + evidence.replication_words(demo.REPLICATION_RESULT, "capo-paper")
+    assert "On `addition-guess-half`" in again.split(added)[1]
 
 
 def test_the_demo_says_what_the_committed_confirmatory_study_says():

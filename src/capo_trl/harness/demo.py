@@ -21,8 +21,10 @@ from pathlib import Path
 from . import runs
 from ..evaluation.plots import DEMO_PANELS
 from .driver import Study, run_study
-from .evidence import REAL_LR_RESULT, REAL_RESULT, STUDY_RESULTS, real_lr_words, real_words, study_words
+from .evidence import (PICK_RESULT, REAL_LR_RESULT, REAL_RESULT, REPLICATION_RESULT, STUDY_RESULTS, real_lr_words,
+                       real_words, replication_words, study_words)
 from .evidence_screen import SCREEN_RESULT, screen_paragraph
+from .evidence_verdict import pick_paragraphs
 from .paired import paired_interval
 from .presets import Budget, check_budget, check_methods, parse_methods
 from .runs import HEADLINE, START, headline
@@ -68,12 +70,18 @@ def demo_budget(task: str = DEMO_TASK, **fields) -> Budget:
 def evidence(budget: Budget) -> str:
     """What the committed studies say about the task the demo ran, how far its one run can speak to it, and what
     the real model's studies found (another model and task: said apart; the second only if its primary holds, as
-    its protocol says), and its screening pilot of the paper's settings (exploratory: means, no verdict)."""
+    its protocol says), its screening pilot of the paper's settings (exploratory: means, no verdict), and from its
+    look the confirmatory study of the pilot's pick with the recommendation that follows."""
     text = (_tiny_evidence(budget) + "\nOn a real model, not this demo's (docs/results/: its first confirmatory study):\n"
             + real_words(REAL_RESULT))
     if REAL_LR_RESULT is not None and REAL_LR_RESULT["holds"]:
         text += "\n" + real_lr_words(REAL_LR_RESULT)
-    return text + "\n" + screen_paragraph(SCREEN_RESULT, "3e-4")
+    text += "\n" + screen_paragraph(SCREEN_RESULT, "3e-4")
+    if PICK_RESULT is not None:  # the screen's pick at its confirmatory look, and the recommendation it gives
+        text += "\n" + pick_paragraphs(PICK_RESULT, REAL_LR_RESULT, SCREEN_RESULT["pick"])
+    if REPLICATION_RESULT is not None:  # and its replication on addition-guess-half, from its own look
+        text += "\n" + replication_words(REPLICATION_RESULT, SCREEN_RESULT["pick"])
+    return text
 
 
 def _tiny_evidence(budget: Budget) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import textwrap
 from typing import TYPE_CHECKING
 
-from .evidence_screen import PICK_LABELS, screen_words
+from .evidence_screen import PICK_LABELS
 
 if TYPE_CHECKING:
     from .study import Study
@@ -165,66 +165,9 @@ def study_words(task: str, r: dict | None = None) -> str:
     return head + "\n" + endpoint_table(r) + "\n" + _two_aurocs(r)
 
 
-def _said(r: dict) -> str:
-    """What a study's primary interval supports of CAPO against GRPO on pooled AUROC, in words."""
-    low, high = r["primary"][1:3]
-    return ("ranked answers across questions better than GRPO" if low > 0 else "ranked answers across questions "
-            "worse than GRPO" if high < 0 else "was not shown to rank answers across questions differently from GRPO")
-
-
-def _arms(r: dict) -> str:
-    """Both arms' means of the two AUROCs and accuracy, CAPO's first."""
-    c, g = r["means"]["capo"], r["means"]["grpo"]
-    return (f"pooled AUROC {c['auroc']:.3f} against GRPO's {g['auroc']:.3f}, per-question AUROC "
-            f"{c['auroc_question']:.3f} against {g['auroc_question']:.3f}, accuracy {100 * c['accuracy']:.1f}% "
-            f"against {100 * g['accuracy']:.1f}%")
-
-
 def field_values(recommended: dict, *names: str) -> str:
     """Config fields as a user types them: ```tau=0.6`, `advantage_scale="paper"```."""
     return ", ".join(f"`{name}={recommended[name]!r}`".replace("'", '"') for name in names)
-
-
-def first_screen(tiny: dict, real: dict[str, dict], recommended: dict, screen: dict | None = None) -> str:
-    """The README's first screen: the configuration to use in one line, then one plain sentence of evidence per
-    model kind (both AUROCs and accuracy, each arm's mean), then what that adds up to. ``tiny``: :func:`measure` of
-    the tiny models' study; ``real``: :func:`measure_real` of each real-model study at its look, by its learning
-    rate, in the order they ran (a study before its look is left out); ``recommended``: the fields of
-    :data:`capo_trl.training.defaults.RECOMMENDED`; ``screen``: the screening pilot of the paper's settings
-    (:func:`capo_trl.harness.evidence_screen.measure_screen`, None before its look)."""
-    def kw(*names):
-        return field_values(recommended, *names)
-    looked = {rate: r for rate, r in real.items() if r["look"]}
-    def primary(r):  # the recommended settings' clause gives both AUROCs and accuracy; these, the primary's means
-        return f"pooled AUROC {r['means']['capo']['auroc']:.3f} against GRPO's {r['means']['grpo']['auroc']:.3f}"
-    each = ", and ".join(f"at learning rate {rate} {_said(r)} ({primary(r)})" for rate, r in looked.items())
-    if len(looked) > 1 and len({_said(r) for r in looked.values()}) == 1:  # one verdict: said once
-        each = f"{_said(next(iter(looked.values())))} at learning rate " + " and at ".join(
-            f"{rate} ({primary(r)})" for rate, r in looked.items())
-    better = [rate for rate, r in looked.items() if r["primary"][1] > 0]
-    # a confirmatory secondary (the primary held, Holm p < 0.05) in CAPO's favour, said beside the primary's verdict
-    question = [rate for rate, r in looked.items() if r["holds"] and any(
-        e == "auroc_question" and lo > 0 and hp < 0.05 for e, _, _, m, lo, hi, hp in r["secondary"])]
-    so = ("So in a confirmatory study on a real model CAPO has not ranked answers across questions better than "
-          "GRPO" if not better
-          else f"So on a real model CAPO ranked answers better than GRPO only at learning rate {' and '.join(better)}")
-    if question:
-        so += (f"; at {' and '.join(question)} it ranked one question's samples better (a secondary "
-               "endpoint), at lower accuracy")
-    seeds = sorted({r["seeds"] for r in looked.values()})
-    lines = [
-        f"**What to use:** `CAPOConfig()` as it comes, the paper's settings ({kw('tau', 'advantage_scale')}, "
-        f"the noise mask on at {kw('ref_high', 'ref_low')}).",
-        f"- **Tiny models** (CPU; a task where half the items can only be guessed; {tiny['seeds']} seeds): CAPO "
-        f"with the tiny models' own settings (no noise mask) {_said(tiny)}: {_arms(tiny)}.",
-        f"- **A real model** (SmolLM2-135M-Instruct from a 4-bit quantised file, LoRA on CPU; two-digit addition): "
-        f"{screen_words(screen, '3e-4')}. CAPO as on the tiny models ({' or '.join(map(str, seeds))} "
-        f"seeds{' each' if len(looked) > 1 else ''}) {each}.",
-        "",
-        f"{so}: compare the two on yours ([`docs/studies.md`](docs/studies.md)).",
-    ]
-    return "\n".join(textwrap.fill(line, width=110, subsequent_indent="  " if line.startswith("- ") else "",
-                                    break_on_hyphens=False, break_long_words=False) for line in lines) + "\n"
 
 
 # The real model's first study: its words are written here before its look, so that what the README says of it
@@ -259,6 +202,11 @@ REAL_LR_RESULT: dict | None = {
     "accuracy": {"capo-nomask-lr3e-4": (-0.058, -0.074, -0.041)}, "undefined": [], "defined_only": None,
     "means": {"grpo": {"auroc": 0.806, "auroc_question": 0.681, "accuracy": 0.522},
               "capo": {"auroc": 0.735, "auroc_question": 0.74, "accuracy": 0.464}}}
+# The study of the screening pilot's pick at its look, as measure_real() gives it (None before it): the demo prints
+# its words and the recommendation its protocol's rule gives (tests/test_tasks.py checks it against the files).
+PICK_RESULT: dict | None = None
+# Its replication on addition-guess-half at its look (None before it), printed beside it, checked the same way.
+REPLICATION_RESULT: dict | None = None
 REAL_PENDING = (
     f"On a real model, {REAL_MODEL}, no calibration result for CAPO exists yet. Two pre-registered pilots found GRPO "
     "losing pooled AUROC on two-digit addition on 3 of 3 seeds once truncated completions were out of the loss "
@@ -424,6 +372,6 @@ def real_mask_words(r: dict, folder: str) -> str:
             f"ones, {c['capo-nomask']} without the mask, {c['grpo']} under GRPO")
 
 
-__all__ = ["ENDPOINTS", "MEANS", "REAL_LR_RESULT", "REAL_RESULT", "STUDY_RESULTS",
-           "endpoint_table", "field_values", "first_screen", "measure", "measure_real", "pick_words", "real_lr_words", "replication_words", "real_mask_words", "real_words",
+__all__ = ["ENDPOINTS", "MEANS", "PICK_RESULT", "REAL_LR_RESULT", "REPLICATION_RESULT", "REAL_RESULT", "STUDY_RESULTS",
+           "endpoint_table", "field_values", "measure", "measure_real", "pick_words", "real_lr_words", "replication_words", "real_mask_words", "real_words",
            "study_words"]

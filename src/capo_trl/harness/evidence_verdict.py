@@ -11,7 +11,8 @@ primary difference, stated with its interval and its accuracy difference.
 
 from __future__ import annotations
 
-from .evidence import _iv
+from .evidence import _fill, _iv, pick_words
+from .evidence_screen import PICK_LABELS
 
 PRESET_LABEL = "CAPO with the embedded preset's settings (relative tau, matched scale, no noise mask)"
 
@@ -42,4 +43,14 @@ def recommendation_words(rec: dict, pick_label: str) -> str:
             f"{label} ({said}).")
 
 
-__all__ = ["PRESET_LABEL", "real_recommendation", "recommendation_words"]
+def pick_paragraphs(found: dict, preset: dict, pick: str) -> str:
+    """The pick study's words (``found``: its :func:`~capo_trl.harness.evidence.measure_real`; ``pick``: the pilot's
+    arm) and, from its look, the recommendation its rule gives (``preset``: the second study at its look): what its
+    page renders and ``capo-trl demo`` prints."""
+    words = pick_words(found, pick)
+    if not found["look"]:
+        return words
+    return words + "\n" + _fill(recommendation_words(real_recommendation(found, preset), PICK_LABELS[pick]))
+
+
+__all__ = ["PRESET_LABEL", "pick_paragraphs", "real_recommendation", "recommendation_words"]
