@@ -55,7 +55,7 @@ def add_data_args(p) -> None:
     # train's name (--dataset_columns, TRL's dataset_* family); --column, one pair per flag, stays for old scripts
     p.add_argument("--dataset_columns", "--column", action="extend", nargs="+", default=[], type=_role_name,
                    metavar="ROLE=NAME", help=f"column mapping for the {'/'.join(data.ROLES)} roles, e.g. "
-                   "--dataset_columns problem=question answer=final")
+                   "--dataset_columns problem=question answer=final (default: none)")
 
 
 def at_least(value, flag: str, minimum: int = 1, what: str = "") -> None:

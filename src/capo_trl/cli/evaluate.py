@@ -32,13 +32,14 @@ def add_eval_parser(subparsers) -> None:
     p.add_argument("--ks", type=int, nargs="+", default=None, help="k values of pass@k / maj@k (default 1,2,4..n)")
     p.add_argument("--max_new_tokens", type=int, default=1024,
                    help="most tokens sampled per completion (default 1024)")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling and log-prob temperature (0: greedy)")
-    p.add_argument("--top_p", type=float, default=1.0, help="nucleus sampling, in (0, 1] (1: off)")
-    p.add_argument("--top_k", type=int, default=0, help="0 disables top-k")
-    p.add_argument("--batch_size", type=int, default=64, help="sequences per generate() call")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling and log-prob temperature (0: greedy; default 1.0)")
+    p.add_argument("--top_p", type=float, default=1.0, help="nucleus sampling, in (0, 1] (1: off; default 1.0)")
+    p.add_argument("--top_k", type=int, default=0, help="top-k sampling (0: off; default 0)")
+    p.add_argument("--batch_size", type=int, default=64, help="sequences per generate() call (default 64)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed: the same seed gives the same samples (default 0)")
     p.add_argument("--backend", default="transformers", choices=["transformers", "vllm"],
-                   help="generation engine: transformers (any device) or vllm (CUDA, pip install 'capo-trl[vllm]')")
+                   help="generation engine: transformers (any device) or vllm (CUDA, pip install 'capo-trl[vllm]'); "
+                        "default transformers")
     p.add_argument("--device", default=None, help="e.g. cuda, cuda:1, cpu (default: cuda if available)")
     p.add_argument("--out", required=True, help="output directory (new or empty, unless --overwrite)")
     p.add_argument("--overwrite", action="store_true",

@@ -26,9 +26,9 @@ def _add_budget_args(p, steps: int | None, test_problems: int, steps_help: str |
                    help="model directory or fetched short name (capo-trl fetch-model; default: the task's start "
                         "model; --model_name_or_path, capo-trl train's name, is accepted too)")
     p.add_argument("--steps", type=int, default=steps, help=f"RL steps per run (default {steps_help or steps})")
-    p.add_argument("--test_problems", type=int, default=test_problems, help="test-split problems to evaluate")
-    p.add_argument("--test_samples", type=int, default=8, help="samples per test problem")
-    p.add_argument("--grader_noise", type=float, default=0.0, help="fraction of rewards flipped (mask ablations)")
+    p.add_argument("--test_problems", type=int, default=test_problems, help=f"test-split problems to evaluate (default {test_problems})")
+    p.add_argument("--test_samples", type=int, default=8, help="samples per test problem (default 8)")
+    p.add_argument("--grader_noise", type=float, default=0.0, help="fraction of rewards flipped (mask ablations; default 0: none)")
     p.add_argument("--no_progress", action="store_true", help="hide progress bars")
 
 
@@ -113,14 +113,14 @@ def add_compare_parser(subparsers) -> None:
                     "and each finished run at once to DIR/runs/<method>-seed<k>/result.json: rerunning the same "
                     "command on the same DIR resumes an interrupted comparison (only missing runs train).",
     )
-    p.add_argument("--methods", default="grpo,capo", help="comma-separated, e.g. grpo,capo,capo:tau=0.5")
-    p.add_argument("--seeds", type=int, default=3, help="number of seeds per method")
-    p.add_argument("--first_seed", type=int, default=0, help="seeds are first-seed .. first-seed + seeds - 1")
+    p.add_argument("--methods", default="grpo,capo", help="comma-separated, e.g. grpo,capo,capo:tau=0.5 (default grpo,capo)")
+    p.add_argument("--seeds", type=int, default=3, help="number of seeds per method (default 3)")
+    p.add_argument("--first_seed", type=int, default=0, help="seeds are first-seed .. first-seed + seeds - 1 (default 0)")
     p.add_argument("--out", required=True,
                    help="output directory: new, empty, or one this command wrote (resumed)")
     p.add_argument("--overwrite", action="store_true",
                    help="start again in a non-empty --out: forget its saved runs (other files are kept)")
-    p.add_argument("--val_every", type=int, default=25, help="validation every N steps")
+    p.add_argument("--val_every", type=int, default=25, help="validation every N steps (default 25)")
     p.add_argument("--val_problems", type=int, default=64, help="validation problems per validation (default 64)")
     p.add_argument("--val_samples", type=int, default=4, help="samples per validation problem (default 4)")
     p.add_argument("--learning_rate", type=float, default=None,
@@ -158,8 +158,8 @@ def add_calibrate_mask_parser(subparsers) -> None:
                    help="training prompts: a registered name or a local file (default: the arithmetic train split; "
                         "capo-trl train's name; --benchmark, the name of earlier releases, is still accepted)")
     add_data_args(p)
-    p.add_argument("--limit", type=int, default=128, help="number of prompts")
-    p.add_argument("--n", type=int, default=8, help="samples per prompt (the group size you train with; >= 2)")
+    p.add_argument("--limit", type=int, default=128, help="number of prompts (default 128)")
+    p.add_argument("--n", type=int, default=8, help="samples per prompt (the group size you train with; >= 2; default 8)")
     p.add_argument("--max_new_tokens", type=int, default=None, help="default: 48 for arithmetic, else 1024")
     p.add_argument("--template", default=None, choices=TEMPLATES, help=TEMPLATE_HELP)
     p.add_argument("--device", default=None, help="e.g. cuda, cuda:1, cpu (default: cuda if available)")

@@ -154,7 +154,8 @@ def make_parser(prog: str = "capo-trl train"):
 
 
 def embedded_defaults() -> dict:
-    """Trainer settings for the embedded tiny model (:mod:`capo_trl.training.defaults`): those of ``capo-trl demo``.
+    """Trainer settings for the embedded tiny model (:mod:`capo_trl.training.defaults`): those of ``capo-trl demo
+    --task arithmetic``.
 
     They are parser defaults, so a recipe or a flag still overrides each of them.
     """

@@ -3,7 +3,8 @@
 ``capo-trl train`` with no model trains the embedded tiny model on the embedded arithmetic task
 with these settings (as parser defaults: a recipe or a flag still overrides each), and the
 experiment harness (``capo-trl demo`` / ``compare``, :mod:`capo_trl.harness`) starts every
-budget from them, so the two train the same way.
+budget from them, so the two train the same way on arithmetic (a task's demo budget may differ:
+``capo_trl.harness.demo.DEMO_BUDGETS``).
 """
 
 from __future__ import annotations
