@@ -13,8 +13,8 @@ import unicodedata
 # Only where no other reading is plausible: ``2e+1`` and ``4e-3`` may be 2e+1 and 4e-3 (Euler).
 _SCI = re.compile(r"(?<![\w.\\])([0-9]+)(\.[0-9]+)?([eE])([+-]?)([0-9]{1,4})(?![\w.])")
 # Digit groups: ``1 000``, ``1\,251``, ``2~000`` (what NFKC makes of no-break and thin spaces too).
-# latex2sympy reads ``2 000`` as 2*000 = 0 and ``1\,251`` or ``1\;251`` as 252. A group that another
-# group or a decimal point precedes or follows (``3.141 592``, ``10 100 1000``) is left alone.
+# latex2sympy reads ``2 000`` as 2*000 = 0 and ``1\,251`` or ``1\;251`` as 252. A run that a decimal point
+# precedes, or another group precedes or follows (``3.141 592``, ``10 100 1000``), is left alone.
 _SEP = r"(?: |~|\\[,;: ]|\\thinspace ?)"
 _THOUSANDS = re.compile(
     r"(?<![0-9.])(?<![0-9][ ~])(?<![0-9]\\[,;: ])(?<![0-9]\\thinspace)(?<![0-9]\\thinspace )"
