@@ -52,6 +52,14 @@ def project(tmp_path: Path, **changes) -> Path:
     ({"arms": {"grpo": {"recipe": "examples/recipes/grpo-arith-tiny-cpu.yaml"}}}, "save no checkpoint at step 2"),
     ({"colapse": {}}, r"unknown keys \['colapse'\]"),
     ({"steps": 0}, "steps = 0; it must be an integer >= 1"),
+    ({"safety": ["accuracyy"]}, r"safety: \['accuracyy'\] is no metric a record holds"),
+    ({"safety": "accuracy"}, "safety = 'accuracy'; write a list of distinct names"),
+    ({"descriptive": ["ece", "ece"]}, "descriptive = .*write a list of distinct names"),
+    ({"train_log": "reward"}, "train_log = 'reward'; write a list"),
+    ({"test": {"problem": 5}}, r"test: unknown keys \['problem'\]; the keys are \['problems'"),
+    ({"test": {"split": "nosuch"}}, r"test.split = 'nosuch'; use one of \['train', 'validation', 'test'\]"),
+    ({"test": {"samples": 0}}, "test.samples = 0; it must be an integer >= 1"),
+    ({"other_commits": 123}, "other_commits = 123; say in words why"),
 ])
 def test_a_bad_study_file_names_the_key_and_the_fix(tmp_path, changes, match):
     with pytest.raises(UsageError, match=match):
@@ -63,6 +71,31 @@ def test_a_bad_file_is_one_line_from_the_cli(tmp_path, capsys):
     assert main(["study", "status", str(folder)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("capo-trl study: ") and "\n" not in err
+
+
+def test_the_names_a_study_may_list_are_the_records_metrics():
+    from capo_trl.harness.study_keys import METRIC, Plan
+
+    for name in (*Plan.descriptive, *Plan.safety, "guessable/modal_share", "precision@0.8", "pass@8", "finished_frac"):
+        assert METRIC.fullmatch(name), name
+    for name in ("accuracyy", "coverage", "derivable/", "auroc question"):
+        assert not METRIC.fullmatch(name), name
+
+
+@pytest.mark.parametrize("kind, says", [("pilot", "ends when every run has finished"), ("measurement", "no deadline")])
+def test_close_is_refused_in_one_line_for_a_study_that_is_not_confirmatory(tmp_path, capsys, kind, says):
+    folder = project(tmp_path, kind=kind)
+    data = {k: v for k, v in STUDY.items() if k not in ("primary", "looks", "secondaries", "family_alpha")}
+    data["kind"] = kind
+    if kind == "measurement":
+        data = {k: v for k, v in data.items() if k not in ("seeds", "steps", "decision", "criterion")}
+        data["cannot_run"] = "a measurement of the start model, run by hand"
+        data["arms"] = {"start": {"task": "arithmetic"}}
+    (folder / "study.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    assert main(["study", "close", str(folder)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("capo-trl study: ") and "\n" not in err and says in err
+    assert not (folder / "closed.json").exists()
 
 
 def test_a_pilot_picks_by_its_rule(tmp_path):
@@ -79,6 +112,34 @@ def test_a_pilot_picks_by_its_rule(tmp_path):
     assert screen(study, runs)["arms"]["capo"]["drifted_runs"] == 1 and screen(study, runs)["pick"] is None
 
 
+def test_a_frozen_study_refuses_an_arms_recipe_changed_since_its_commit(tmp_path, monkeypatch):
+    """A recipe lies outside src/, which the code's check compares: the runner compares each arm's recipe with the
+    frozen commit's, in a real git repository."""
+    from capo_trl.cli import study_run
+    from capo_trl.harness.study import changed_recipes
+
+    folder = project(tmp_path)
+    root = folder.parents[1]
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-q", "-m", "protocol")
+    data = {**yaml.safe_load((folder / "study.yaml").read_text()), "frozen_commit": git("rev-parse", "HEAD")}
+    (folder / "study.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    study = load_study(folder)
+    assert changed_recipes(study) == []
+    recipe = root / "examples" / "recipes" / "capo-arith-tiny-cpu.yaml"
+    recipe.write_text(recipe.read_text().replace("learning_rate:", "learning_rate: 1.0e-3  # was:\n# learning_rate:", 1))
+    assert changed_recipes(study) == ["examples/recipes/capo-arith-tiny-cpu.yaml"]
+    monkeypatch.setattr(study_run, "code_version", lambda: ("def456", "tree-1"))
+    monkeypatch.setattr(study_run, "frozen_tree", lambda commit: "tree-1")  # the same src/: only the recipe differs
+    with pytest.raises(UsageError, match=r"the recipes \['examples/recipes/capo-arith-tiny-cpu.yaml'\] differ"):
+        study_run.check_commit(study)
+
+
 def test_a_frozen_study_runs_only_its_frozen_code(tmp_path, monkeypatch):
     """Frozen at a commit, a study runs under any commit with the same src/ tree (the one that writes the frozen
     line changes only study.yaml), refuses another tree unless its file says why, and never mixes them in a report."""
@@ -86,6 +147,7 @@ def test_a_frozen_study_runs_only_its_frozen_code(tmp_path, monkeypatch):
     from capo_trl.harness import study_report
 
     study = load_study(project(tmp_path, frozen_commit="abc123"))
+    monkeypatch.setattr(study_run, "changed_recipes", lambda study: [])  # the next test checks them in git
     monkeypatch.setattr(study_run, "frozen_tree", lambda commit: {"abc123": "tree-1"}.get(commit))
     monkeypatch.setattr(study_run, "code_version", lambda: ("def456", "tree-1"))
     assert study_run.check_commit(study) == ("def456", "tree-1")

@@ -86,6 +86,10 @@ def run_study(args) -> int:
     else:
         from ..harness.confirmatory import close
 
+        if spec.kind != "confirmatory":
+            raise UsageError(f"{spec.folder}: close ends a confirmatory study at its deadline; a {spec.kind} "
+                             + ("ends when every run has finished." if spec.kind == "pilot" else "has no deadline "
+                                "analysis: it reports what its runs measured."))
         try:
             print(close(spec.folder, spec.plan))
         except ValueError as err:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..harness.driver import write_json
-from ..harness.study import Study, code_version, frozen_tree, refuse_unrunnable, repo_root
+from ..harness.study import Study, changed_recipes, code_version, frozen_tree, refuse_unrunnable, repo_root
 
 ENDPOINT_KEYS = ("auroc", "auroc_question", "ece", "e_aurc")
 
@@ -131,7 +131,8 @@ def _step(args: list[str], log: Path) -> None:
 
 def check_commit(study: Study) -> tuple[str | None, str | None]:
     """The commit and ``src/`` tree this code runs under; refused when the study is frozen at a commit with another
-    ``src/`` (a commit that only adds the frozen line to study.yaml runs the same code) and its file allows none."""
+    ``src/`` (a commit that only adds the frozen line to study.yaml runs the same code) or other arm recipes, and its
+    file allows none."""
     commit, tree = code_version()
     if study.frozen_commit and not study.other_commits and (tree is None or tree != frozen_tree(study.frozen_commit)):
         raise UsageError(f"{study.folder}/study.yaml is frozen at {study.frozen_commit}, but this capo_trl is "
@@ -139,6 +140,11 @@ def check_commit(study: Study) -> tuple[str | None, str | None]:
                          f"run it from a worktree of the frozen commit (git worktree add --detach ../frozen "
                          f"{study.frozen_commit}; PYTHONPATH=../frozen/src), or say in study.yaml's other_commits why "
                          "another commit may run it.")
+    changed = changed_recipes(study) if study.frozen_commit and not study.other_commits else []
+    if changed:
+        raise UsageError(f"{study.folder}/study.yaml is frozen at {study.frozen_commit}, but the recipes {changed} "
+                         "differ from that commit's here; run it from a clean worktree of the frozen commit, or say "
+                         "in study.yaml's other_commits why they may differ.")
     return commit, tree
 
 

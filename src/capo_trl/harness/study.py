@@ -60,7 +60,7 @@ import yaml
 from ..errors import UsageError
 from .criterion import check_criterion
 from .study_keys import (ENDPOINTS, FILE, Arm, Plan, Test, alternative, check_decision, check_presets,
-                         contrast, key_path, mapping, number, read_arms, repo_root)
+                         contrast, key_path, mapping, names, number, read_arms, read_test, repo_root)
 
 KINDS = ("pilot", "confirmatory", "measurement")
 TRAIN_LOG = ("reward", "completions/mean_length", "completions/clipped_ratio", "grad_norm", "step_time",
@@ -205,8 +205,7 @@ def load_study(folder: str | Path) -> Study:
         raise UsageError(f"{key_path(folder, 'seeds')} must be a list of distinct integers, got {seeds!r}.")
     seeds = [number(s, key_path(folder, "seeds"), 0, integer=True) for s in seeds]
     budget = check_presets(data, arms, folder)
-    test = Test(**{k: number(v, key_path(folder, f"test.{k}"), 1 if k != "seed" else 0, integer=True)
-                   if k != "split" else v for k, v in mapping(data.get("test") or {}, key_path(folder, "test")).items()})
+    test = read_test(data.get("test"), key_path(folder, "test"))
     deadline = None
     if data["deadline"] is not None:
         try:
@@ -233,6 +232,11 @@ def load_study(folder: str | Path) -> Study:
         reuse[arm] = dict(spec)
     steps = number(data["steps"], key_path(folder, "steps"), 1, integer=True) if data.get("steps") is not None else None
     _check_checkpoints(arms, folder, steps, reuse)
+    for key in ("frozen_commit", "other_commits"):
+        if data.get(key) is not None and (not isinstance(data[key], str) or not data[key].strip()):
+            raise UsageError(f"{key_path(folder, key)} = {data[key]!r}; "
+                             + ("`capo-trl study start` writes it (a commit)." if key == "frozen_commit" else
+                                "say in words why runs may come from other commits (or leave the key out)."))
     cannot_run = data.get("cannot_run")
     if cannot_run is not None and (not isinstance(cannot_run, str) or not cannot_run.strip()):
         raise UsageError(f"{key_path(folder, 'cannot_run')} = {cannot_run!r}; say in words why capo-trl study cannot "
@@ -254,7 +258,9 @@ def load_study(folder: str | Path) -> Study:
     study = Study(folder=folder, question=str(data["question"]), kind=kind, task=data.get("task"),
                   steps=steps,
                   arms=arms, seeds=seeds, test=test, deadline=deadline, model=data.get("model"), plan=plan,
-                  decision=decision, reuse=reuse, train_log=tuple(data.get("train_log") or TRAIN_LOG),
+                  decision=decision, reuse=reuse,
+                  train_log=names(data["train_log"], key_path(folder, "train_log"), metrics=False)
+                  if data.get("train_log") is not None else TRAIN_LOG,
                   run_hours=number(data.get("run_hours", 6.0), key_path(folder, "run_hours"), 0.01),
                   frozen_commit=data.get("frozen_commit"), other_commits=data.get("other_commits"),
                   records=data.get("records") or RECORDS, budget=budget, cannot_run=cannot_run, criterion=criterion)
@@ -267,7 +273,7 @@ def _plan(data: dict, folder: Path, arms: dict, seeds: list, tokens: float, fini
     """The analysis the file fixes, as a :class:`Plan` (a pilot: its collapse rule)."""
     first = next(iter(arms))
     labels = {a: arm.label for a, arm in arms.items()}
-    extra = {k: tuple(data[k]) for k in ("safety", "descriptive") if data.get(k) is not None}
+    extra = {k: names(data[k], key_path(folder, k)) for k in ("safety", "descriptive") if data.get(k) is not None}
     if data["kind"] == "pilot":
         return Plan(arms=labels, primary=("auroc", first, first), looks=((len(seeds), 1.0),),
                     secondaries=(), deadline=deadline, collapse_tokens=tokens, min_finished=finished,
@@ -316,6 +322,14 @@ def code_version() -> tuple[str | None, str | None]:
 def frozen_tree(commit: str) -> str | None:
     """The ``src/`` tree of a study's frozen commit, looked up in the running code's repository."""
     return _git(CODE, "rev-parse", f"{commit}:src")
+
+
+def changed_recipes(study: Study) -> list[str]:
+    """The arms' recipes whose text here differs from the frozen commit's: a recipe lies outside ``src/``, so the
+    code's check does not see it, yet it sets how an arm trains."""
+    root = repo_root(study.folder)
+    recipes = sorted({study.arms[arm].recipe for arm in study.own_arms() if study.arms[arm].recipe})
+    return [r for r in recipes if _git(root, "show", f"{study.frozen_commit}:{r}") != (root / r).read_text().strip()]
 
 
 def start(folder: str | Path) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,6 +78,39 @@ class Test:
     seed: int = 0
     batch_size: int = 64
     split: str = "test"
+
+
+# A metric a study may name as a safety endpoint or a descriptive: one its records hold (a kind of the task's items,
+# derivable/ or guessable/, may prefix it), coverage or precision at a target precision, or a selector at n samples.
+METRIC = re.compile(r"(?:(?:derivable|guessable)/)?(?:accuracy|auroc|auroc_question|ece|e_aurc|finished_frac|"
+                    r"mean_tokens|answered_frac|mean_score|mean_confidence|modal_share|problems)"
+                    r"|(?:coverage|precision)@0?\.\d+|(?:pass|maj|pc|rpc|bon|mean)@\d+")
+SPLITS = ("train", "validation", "test")  # an embedded task's splits (a study's arms train on embedded tasks)
+
+
+def names(value, where: str, metrics: bool = True) -> tuple[str, ...]:
+    """A list of distinct names (``metrics``: each a metric a record holds, :data:`METRIC`), as a tuple."""
+    if not isinstance(value, list) or not value or len(set(map(str, value))) != len(value) or \
+            not all(isinstance(v, str) and v for v in value):
+        raise UsageError(f"{where} = {value!r}; write a list of distinct names, e.g. [accuracy, ece].")
+    unknown = [v for v in value if metrics and not METRIC.fullmatch(v)]
+    if unknown:
+        raise UsageError(f"{where}: {unknown} is no metric a record holds; use e.g. accuracy, auroc_question, ece, "
+                         "e_aurc, finished_frac, mean_tokens, derivable/accuracy, guessable/modal_share, coverage@0.8.")
+    return tuple(value)
+
+
+def read_test(value, where: str) -> Test:
+    """The file's ``test``: each key a field of :class:`Test`, counts positive, the split one a task has."""
+    value = mapping(value or {}, where)
+    fields = [f.name for f in dataclasses.fields(Test)]
+    unknown = sorted(set(value) - set(fields))
+    if unknown:
+        raise UsageError(f"{where}: unknown keys {unknown}; the keys are {fields}.")
+    if "split" in value and value["split"] not in SPLITS:
+        raise UsageError(f"{where}.split = {value['split']!r}; use one of {list(SPLITS)}.")
+    return Test(**{k: v if k == "split" else number(v, f"{where}.{k}", 0 if k == "seed" else 1, integer=True)
+                   for k, v in value.items()})
 
 
 def repo_root(folder: Path) -> Path:
