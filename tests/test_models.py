@@ -133,6 +133,8 @@ def test_short_names_resolve_to_the_cache_and_other_names_pass_through(converted
 @pytest.mark.parametrize("command", [
     ["eval", "--model", "smollm2-135m-instruct", "--benchmark", "addition", "--out", "OUT"],
     ["demo", "--model", "smollm2-135m-instruct"],
+    ["demo", "--task", "addition"],  # the task's start model, checked before any worker starts
+    ["compare", "--task", "addition", "--out", "OUT"],
     ["calibrate-mask", "--model", "smollm2-135m-instruct", "--benchmark", "addition"],
     ["train", "--model_name_or_path", "smollm2-135m-instruct", "--dataset_name", "addition",
      "--reward_funcs", "math_accuracy", "--output_dir", "OUT"],

@@ -97,8 +97,9 @@ def is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def check_budget(budget: Budget) -> None:
-    """Refuse a budget that cannot train or evaluate, naming the flag (cheap: before any model loads)."""
+def check_budget(budget: Budget, start_model: bool = True) -> None:
+    """Refuse a budget that cannot train or evaluate, naming the flag (cheap: before any model loads); with
+    ``start_model``, also a task's start model that is not there yet (a real one not fetched)."""
     what = {"steps": "RL steps per run", "test_problems": "test-split problems", "test_samples": "samples per test "
             "problem", "val_every": "steps between validations", "val_problems": "validation problems",
             "val_samples": "samples per validation problem"}
@@ -115,9 +116,11 @@ def check_budget(budget: Budget) -> None:
     if not is_number(budget.grader_noise) or not 0 <= budget.grader_noise <= 1:
         raise UsageError(f"--grader_noise is the fraction of rewards flipped: a number in [0, 1], got "
                          f"{budget.grader_noise!r}.")
-    get_task(budget.task)  # an unknown name: a UsageError naming --task
+    task = get_task(budget.task)  # an unknown name: a UsageError naming --task
     if budget.model is not None:
         check_model_path(resolve_model(budget.model, "--model"), "--model")
+    elif start_model:  # the task's start model: a real one not fetched yet is refused here, not in each worker
+        task.model_path()
 
 
 def parse_methods(text: str, flag: str = "--methods") -> list[tuple[str, dict]]:

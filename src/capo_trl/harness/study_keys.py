@@ -234,7 +234,7 @@ def check_presets(data: dict, arms: dict, folder: Path) -> dict | None:
                              f"{known}.")
     task = data.get("task") or next(a.task for a in arms.values() if a.task)
     try:  # steps, task and model are checked as the file's own keys
-        check_budget(Budget(**budget, steps=1, task=task, model=None))
+        check_budget(Budget(**budget, steps=1, task=task, model=None), start_model=False)  # status needs none
     except UsageError as err:
         raise UsageError(f"{key_path(folder, 'budget')}: {err}") from err
     return dict(budget)
