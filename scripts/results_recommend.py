@@ -59,14 +59,15 @@ def render_recommended() -> str:
              "evidence is the paper's runs on its models, ours on tiny models on CPU, and on a real model, "
              "SmolLM2-135M-Instruct (dequantised from Q4_1) on two-digit addition: two studies of CAPO with the "
              "embedded preset's relative tau and matched scale (the first in the mask line), and "
-             f"{evidence_screen.screen_words(screen_result(), '3e-4')}.", ""]
+             f"{evidence_screen.screen_words(screen_result(), '3e-4', pick_result()['look'])}.", ""]
     screen, pick = screen_result(), pick_result()
     if pick["look"]:  # the pick study's protocol: from its look, every endpoint and what its rule recommends,
-        # with the replication's result beside it from its own look
-        lines += [evidence_verdict.pick_paragraphs(pick, real_lr_result(), screen["pick"]).rstrip("\n"), ""]
+        # with the replication's result beside it from its own look (each paragraph its own)
+        said = evidence_verdict.pick_paragraphs(pick, real_lr_result(), screen["pick"])
         replication = replication_result()
         if replication["look"]:
-            lines += [evidence.replication_words(replication, screen["pick"]).rstrip("\n"), ""]
+            said += "\n" + evidence.replication_words(replication, screen["pick"])
+        lines += [line for paragraph in said.strip("\n").split("\n\n") for line in (paragraph, "")]
     for name, (why, limits) in RECOMMENDATION.items():
         if name == "noise_mask":
             limits += "; " + evidence.real_mask_words(real, REAL_STUDY)

@@ -298,6 +298,7 @@ def test_from_the_pick_studys_look_the_recommendation_block_gives_it_and_what_it
     from test_docs import script
 
     module = script("results_recommend")
+    monkeypatch.setattr(module, "pick_result", lambda: {"look": False})  # before the look, whenever this runs
     before = module.render_recommended()
     assert "kept calibration better than GRPO" not in before and "replication" not in before
     pick = {**evidence.REAL_LR_RESULT, "seeds": 13, "primary": (0.03, 0.01, 0.05),

@@ -104,8 +104,8 @@ def test_the_demo_says_what_the_real_models_study_found():
     tail = evidence.real_lr_words(second) if second["look"] and second["holds"] else ""
     screen = evidence_screen.measure_screen(load_study(results / "smollm2-screen"))
     assert evidence_screen.SCREEN_RESULT == screen  # filled in at the pilot's look (every run finished), not before
-    tail += "\n" + evidence_screen.screen_paragraph(screen, "3e-4")
     pick = evidence.measure_real(load_study(results / "smollm2-pick-study"))
+    tail += "\n" + evidence_screen.screen_paragraph(screen, "3e-4", looked=pick["look"])
     assert evidence.PICK_RESULT == (pick if pick["look"] else None)  # filled in at its look, not before
     if pick["look"]:
         tail += "\n" + evidence_verdict.pick_paragraphs(pick, second, screen["pick"])
@@ -127,15 +127,22 @@ def test_from_the_pick_studys_look_the_demo_prints_its_words_and_the_recommendat
 
     pick = {**evidence.REAL_LR_RESULT, "seeds": 13, "primary": (-0.09, -0.12, -0.06),
             "accuracy": {"capo-paper-lr3e-4": (-0.01, -0.03, 0.01)},
-            "collapsed": {"grpo-lr3e-4": 0, "capo-paper-lr3e-4": 0}}
+            "collapsed": {"grpo-lr3e-4": 0, "capo-paper-lr3e-4": 0}, "start": float("nan")}
+    monkeypatch.setattr(demo, "PICK_RESULT", None)  # before the look, whenever this runs
+    monkeypatch.setattr(demo, "REPLICATION_RESULT", None)
     before = demo.evidence(demo.demo_budget())
     monkeypatch.setattr(demo, "PICK_RESULT", pick)
     text = demo.evidence(demo.demo_budget())
     added = evidence_verdict.pick_paragraphs(pick, evidence.REAL_LR_RESULT, evidence_screen.SCREEN_RESULT["pick"])
-    assert text == before + "\n" + added
+    screen = evidence_screen.SCREEN_RESULT
+    assert text == before.replace(evidence_screen.screen_paragraph(screen, "3e-4"),
+                                  evidence_screen.screen_paragraph(screen, "3e-4", looked=True)) + "\n" + added
+    assert "picked by the screen for the confirmatory study at 3e-4" in " ".join(text.split())
     assert "No CAPO configuration kept calibration better than GRPO on the real model. What did least harm: " + (
         evidence_verdict.PRESET_LABEL) in " ".join(added.split())  # -0.09 is below the preset's -0.070
     assert "exact sign-flip p" in added and "Holm p" in added
+    # the study runner keeps no start model record: the words then skip "before RL" rather than print nan
+    assert "nan" not in added and "pooled AUROC went to 0.806 on average under GRPO" in " ".join(added.split())
     monkeypatch.setattr(demo, "REPLICATION_RESULT", {**pick, "primary": (0.01, -0.02, 0.04), "holds": False})
     again = demo.evidence(demo.demo_budget())
     assert again == text + "\n" + evidence.replication_words(demo.REPLICATION_RESULT, "capo-paper")

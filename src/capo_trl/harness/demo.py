@@ -76,7 +76,7 @@ def evidence(budget: Budget) -> str:
             + real_words(REAL_RESULT))
     if REAL_LR_RESULT is not None and REAL_LR_RESULT["holds"]:
         text += "\n" + real_lr_words(REAL_LR_RESULT)
-    text += "\n" + screen_paragraph(SCREEN_RESULT, "3e-4")
+    text += "\n" + screen_paragraph(SCREEN_RESULT, "3e-4", looked=PICK_RESULT is not None)
     if PICK_RESULT is not None:  # the screen's pick at its confirmatory look, and the recommendation it gives
         text += "\n" + pick_paragraphs(PICK_RESULT, REAL_LR_RESULT, SCREEN_RESULT["pick"])
     if REPLICATION_RESULT is not None:  # and its replication on addition-guess-half, from its own look

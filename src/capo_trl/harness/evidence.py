@@ -339,9 +339,11 @@ def _look_words(r: dict, lead: str, undefined_rule: str, capo: str = "CAPO witho
         d = r["defined_only"]
         undefined += (f"; leaving those seeds out (a sensitivity analysis), {capo} minus GRPO was "
                       f"{_iv(d)} on {d[3]} seeds." if d else ".")
+    # a study the runner ran has no start model record (start.json): then no "before RL" clause, not a nan
+    before = f"from {r['start']:.3f} before RL " if r["start"] == r["start"] else ""
     return _fill(
         f"{lead} {r['stopped']} with "
-        f"{r['seeds']} complete seeds of 100 steps, pooled AUROC went from {r['start']:.3f} before RL to "
+        f"{r['seeds']} complete seeds of 100 steps, pooled AUROC went {before}to "
         f"{r['grpo']:.3f} on average under GRPO and to {r['nomask']:.3f} under {capo}: {_iv(r['primary'])} "
         f"against GRPO ({100 * r['level']:g}% t interval, the primary endpoint; paired t p = {r['p']:.4f}, exact "
         f"sign-flip p = {r['flip_p']:.4f}; above 0 on {r['above']} of {r['seeds']} seeds), so {verdict}. "

@@ -54,14 +54,16 @@ def _drift(n: int, of: int) -> str:
     return "no run drifted" if n == 0 else f"{n} of {of} runs drifted"
 
 
-def screen_words(r: dict | None, then: str) -> str:
+def screen_words(r: dict | None, then: str, looked: bool = False) -> str:
     """The paper's settings in the pilot, as a clause: means against GRPO's, drift, and what the pilot picked for
-    the confirmatory study at ``then`` (a learning rate); before the pilot's look, that it runs."""
+    the confirmatory study at ``then`` (a learning rate; ``looked``: that study has had its look, said beside);
+    before the pilot's look, that it runs."""
     if r is None:
         return "the paper's settings are in an exploratory screen on it (no result yet)"
     p, g, n = r["arms"][PAPER_ARM], r["reference"], r["seeds"]
     pick = r["pick"]
-    picked = ("picked by the screen, now in a confirmatory study at " if pick == PAPER_ARM
+    picked = ("picked by the screen for the confirmatory study at " if pick == PAPER_ARM and looked
+              else "picked by the screen, now in a confirmatory study at " if pick == PAPER_ARM
               else f"the screen picked `{pick}` for a confirmatory study at " if pick
               else "no setting the screen ran qualified for a confirmatory study at ")
     return (f"the paper's settings, in an exploratory screen ({n} seeds, learning rate {r['rate']}): "
@@ -76,10 +78,12 @@ PICK_LABELS = {"capo-paper": "CAPO with the paper's settings",
                "capo-paper-nomask": "CAPO with the paper's settings but no noise mask",
                "capo-paper-answer": "CAPO with the paper's tau and scale, scoring the answer's own tokens, no mask",
                "capo-preset-answer": "CAPO with the embedded preset, scoring the answer's own tokens"}
-def screen_paragraph(r: dict | None, then: str) -> str:
+
+
+def screen_paragraph(r: dict | None, then: str, looked: bool = False) -> str:
     """:func:`screen_words` as the paragraph ``capo-trl demo`` prints after the real model's studies."""
-    return textwrap.fill(f"On the same model and task, {screen_words(r, then)}.", width=110, break_on_hyphens=False,
-                         break_long_words=False) + "\n"
+    return textwrap.fill(f"On the same model and task, {screen_words(r, then, looked)}.", width=110,
+                         break_on_hyphens=False, break_long_words=False) + "\n"
 
 
 __all__ = ["NOMASK_ARM", "PAPER_ARM", "PICK_LABELS", "SCREEN_RESULT", "measure_screen", "screen_paragraph",
