@@ -28,14 +28,20 @@ def test_arms_are_the_study_arms_at_a_third_of_the_learning_rate():
     assert "entropy" in lr.train_log and set(study.train_log) - {"capo/mask_guard_kept"} < set(lr.train_log)
 
 
-def test_the_study_cli_takes_the_learning_rate_over_the_recipe():
-    """The flag the arm adds wins over the recipe's 1e-3 (parsed, not trained; the GRPO recipe's, since the CAPO
-    recipe's is 3e-4 now)."""
+def test_the_study_cli_takes_the_learning_rate_over_the_recipe(tmp_path):
+    """The flag the arm adds wins over the 1e-3 of the GRPO recipe the pilot ran (its frozen commit's; both SmolLM2
+    recipes train at 3e-4 now). Parsed, not trained."""
+    import subprocess
+
     from capo_trl.cli.train_args import parse_args
 
-    arm = load_study(RESULTS / "smollm2-lr").arms[GRPO]
-    assert "learning_rate: 1.0e-3" in (ROOT / arm.recipe).read_text()
-    _, training_args, _ = parse_args(["--config", str(ROOT / arm.recipe), "--dataset_name", "addition", *arm.flags(),
+    pilot = load_study(RESULTS / "smollm2-lr")
+    arm = pilot.arms[GRPO]
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(subprocess.run(["git", "-C", str(ROOT), "show", f"{pilot.frozen_commit}:{arm.recipe}"],
+                                     capture_output=True, text=True, check=True).stdout)
+    assert "learning_rate: 1.0e-3" in recipe.read_text()
+    _, training_args, _ = parse_args(["--config", str(recipe), "--dataset_name", "addition", *arm.flags(),
                                       "--output_dir", "unused"])
     assert training_args.learning_rate == pytest.approx(3e-4) and training_args.mask_truncated_completions
 
