@@ -17,19 +17,27 @@ REPLICATION = "smollm2-pick-guess-half"  # its replication on addition-guess-hal
 
 
 @functools.cache
+def measured(name: str) -> dict:
+    """A real-model study as capo_trl.harness.evidence.measure_real gives it (once per study and run of this script)."""
+    from capo_trl.harness import evidence
+
+    return evidence.measure_real(study(name))
+
+
 def real_result() -> dict:
-    """The real model's study as capo_trl.harness.evidence.measure_real gives it (once per run of this script)."""
-    from capo_trl.harness import evidence
-
-    return evidence.measure_real(study(REAL_STUDY))
+    return measured(REAL_STUDY)
 
 
-@functools.cache
 def real_lr_result() -> dict:
-    """The real model's second study as capo_trl.harness.evidence.measure_real gives it (once per run)."""
-    from capo_trl.harness import evidence
+    return measured(REAL_LR_STUDY)
 
-    return evidence.measure_real(study(REAL_LR_STUDY))
+
+def pick_result() -> dict:
+    return measured(PICK_STUDY)
+
+
+def replication_result() -> dict:
+    return measured(REPLICATION)
 
 
 @functools.cache
@@ -38,22 +46,6 @@ def screen_result() -> dict | None:
     from capo_trl.harness import evidence_screen
 
     return evidence_screen.measure_screen(study(SCREEN_STUDY))
-
-
-@functools.cache
-def pick_result() -> dict:
-    """The study of the screening pilot's pick as capo_trl.harness.evidence.measure_real gives it (once per run)."""
-    from capo_trl.harness import evidence
-
-    return evidence.measure_real(study(PICK_STUDY))
-
-
-@functools.cache
-def replication_result() -> dict:
-    """The replication on addition-guess-half as capo_trl.harness.evidence.measure_real gives it (once per run)."""
-    from capo_trl.harness import evidence
-
-    return evidence.measure_real(study(REPLICATION))
 
 
 def render_real_words() -> str:
