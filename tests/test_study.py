@@ -1,6 +1,7 @@
 """A study is a file: its checks, and a 2-arm, 2-seed study run end to end on the embedded tiny model from its file
 (queue, a kill, the queue again, which resumes, then the report, checked against a hand computation)."""
 
+import ast
 import json
 import os
 import re
@@ -18,6 +19,7 @@ from scipy import stats
 
 from capo_trl.cli.main import main
 from capo_trl.errors import UsageError
+from capo_trl.harness.evidence import measure_real
 from capo_trl.harness.study import load_study
 from capo_trl.harness.study_report import screen
 from capo_trl.training.resume import newest_complete
@@ -217,6 +219,9 @@ def test_a_study_runs_from_its_file_resumes_after_a_kill_and_reports(tmp_path, c
     assert "| start |" not in means and "nan" not in means and "guessable" not in means, means  # no start.json
     grpo_auroc = np.mean([value["grpo", s] for s in (0, 1)])
     assert f"| grpo | {grpo_auroc:.3f} |" in means, means
+    measured = measure_real(load_study(folder))  # what a result constant in capo_trl.harness.evidence is written from
+    assert measured["look"] and measured["start"] is None  # no start.json: None, not a nan that never equals itself
+    assert ast.literal_eval(repr(measured)) == measured
 
 
 def test_a_run_killed_after_its_last_checkpoint_is_finished_from_it(tmp_path):

@@ -127,7 +127,7 @@ def test_from_the_pick_studys_look_the_demo_prints_its_words_and_the_recommendat
 
     pick = {**evidence.REAL_LR_RESULT, "seeds": 13, "primary": (-0.09, -0.12, -0.06),
             "accuracy": {"capo-paper-lr3e-4": (-0.01, -0.03, 0.01)},
-            "collapsed": {"grpo-lr3e-4": 0, "capo-paper-lr3e-4": 0}, "start": float("nan")}
+            "collapsed": {"grpo-lr3e-4": 0, "capo-paper-lr3e-4": 0}, "start": None}
     monkeypatch.setattr(demo, "PICK_RESULT", None)  # before the look, whenever this runs
     monkeypatch.setattr(demo, "REPLICATION_RESULT", None)
     before = demo.evidence(demo.demo_budget())

@@ -10,6 +10,7 @@ committed run files with the analysis its ``study.yaml`` fixes (:mod:`capo_trl.h
 
 from __future__ import annotations
 
+import math
 import textwrap
 from typing import TYPE_CHECKING
 
@@ -78,7 +79,7 @@ def measure(study: Study) -> dict:
         c = paired_test(d, 0.95, flip=False)
         endpoints[key] = (*r3(c["mean"], c["low"], c["high"]), int((d < 0).sum()))
     found = {"seeds": len(seeds), "level": round(p["confidence"], 3),
-             "start": round(a["start"]["auroc"], 3), "grpo": round(a["means"][grpo]["auroc"], 3),
+             "start": _start_auroc(a), "grpo": round(a["means"][grpo]["auroc"], 3),
              "nomask": round(a["means"][capo]["auroc"], 3), "primary": r3(p["mean"], p["low"], p["high"]),
              "p": round(p["p"], 4), "flip_p": round(p["flip_p"], 4), "favour": p["favour"],
              "collapsed": len(a["collapse"][capo]),
@@ -234,7 +235,7 @@ def measure_real(study: Study) -> dict:
                 "collapsed": {arm: len(s) for arm, s in a["collapsed_finished"].items()},
                 "rule": (plan.collapse_tokens, plan.min_finished)}
     p, seeds, (_, capo, grpo) = a["primary"], a["look"]["seeds"], plan.primary
-    r = {"look": True, "seeds": len(seeds), "level": round(p["confidence"], 3), "start": round(a["start"]["auroc"], 3),
+    r = {"look": True, "seeds": len(seeds), "level": round(p["confidence"], 3), "start": _start_auroc(a),
          "grpo": round(a["means"][grpo]["auroc"], 3), "nomask": round(a["means"][capo]["auroc"], 3),
          "primary": tuple(round(p[k], 3) for k in ("mean", "low", "high")), "p": round(p["p"], 4),
          "flip_p": round(p["flip_p"], 4), "above": p["favour"], "holds": bool(p["holds"]),
@@ -249,6 +250,13 @@ def measure_real(study: Study) -> dict:
                           (*(round(a["defined_only"][k], 3) for k in ("mean", "low", "high")), a["defined_only"]["n"])),
          "means": _means(a, grpo, capo)}
     return r
+
+
+def _start_auroc(a: dict) -> float | None:
+    """The start model's pooled AUROC, None where the study has no start record (a study the runner ran): None, not
+    nan, so that a result written down as a constant compares equal to the one measured again."""
+    start = a["start"]["auroc"]
+    return None if math.isnan(start) else round(start, 3)
 
 
 def _real_safety(r: dict) -> str:
@@ -340,7 +348,7 @@ def _look_words(r: dict, lead: str, undefined_rule: str, capo: str = "CAPO witho
         undefined += (f"; leaving those seeds out (a sensitivity analysis), {capo} minus GRPO was "
                       f"{_iv(d)} on {d[3]} seeds." if d else ".")
     # a study the runner ran has no start model record (start.json): then no "before RL" clause, not a nan
-    before = f"from {r['start']:.3f} before RL " if r["start"] == r["start"] else ""
+    before = "" if r["start"] is None else f"from {r['start']:.3f} before RL "
     return _fill(
         f"{lead} {r['stopped']} with "
         f"{r['seeds']} complete seeds of 100 steps, pooled AUROC went {before}to "
