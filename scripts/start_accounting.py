@@ -68,8 +68,10 @@ def thresholds(folder: Path, task: str, ref_high: float, ref_low: float) -> dict
             "ppl_correct_max": max(correct, default=float("nan")), "ppl_wrong_min": min(wrong, default=float("nan"))}
 
 
-def truncation(folder: Path, recipe_path: Path) -> dict:
-    """GRPO's and the recipe's CAPO advantages of ``folder``'s samples taken as training batches, by kind."""
+def truncation(folder: Path, recipe_path: Path, preset: str | None = None) -> dict:
+    """GRPO's and the recipe's CAPO advantages of ``folder``'s samples taken as training batches, by kind; ``preset``
+    (a name in capo_trl.harness.presets.PRESETS) sets the CAPO fields in place of the recipe's, so an accounting of
+    one setting stays reproducible when the recipe's method block changes."""
     from types import SimpleNamespace
 
     import torch
@@ -79,7 +81,11 @@ def truncation(folder: Path, recipe_path: Path) -> dict:
     from capo_trl.methods.base import AdvantageInputs
     from capo_trl.methods.capo import CAPO, CAPOArgs
 
+    from capo_trl.harness.presets import PRESETS
+
     recipe = yaml.safe_load(recipe_path.read_text())
+    if preset is not None:
+        recipe.update(PRESETS[preset])
     G, batch = recipe["num_generations"], recipe["per_device_train_batch_size"]
     rows = read_samples(folder)
     rows.sort(key=lambda r: (int(r["id"].rsplit("/", 1)[1]), int(r["draw"])))
@@ -101,7 +107,7 @@ def truncation(folder: Path, recipe_path: Path) -> dict:
     kinds = {"right": mixed & (R >= 0.5), "wrong_finished": mixed & (R < 0.5) & finished,
              "wrong_unfinished": mixed & (R < 0.5) & ~finished}
     shown = recipe_path.resolve().relative_to(ROOT) if recipe_path.resolve().is_relative_to(ROOT) else recipe_path
-    report = {"recipe": str(shown), "samples": len(rows), "mixed_groups": int(mixed.sum()) // G,
+    report = {"recipe": str(shown), **({"preset": preset} if preset else {}), "samples": len(rows), "mixed_groups": int(mixed.sum()) // G,
               "mixed_groups_with_unfinished": int((mixed & ~finished).view(-1, G).any(1).sum()),
               "n/unfinished": int((mixed & ~finished).sum()),
               **{f"n/{k}": int(m.sum()) for k, m in kinds.items()},
@@ -114,6 +120,12 @@ def truncation(folder: Path, recipe_path: Path) -> dict:
         # what the unfinished samples of a mixed group carry (masked out), per mixed group
         report[f"{name}/unfinished_total_per_group"] = adv[mixed & ~finished].sum().item() / report["mixed_groups"]
     return report
+
+
+def _presets() -> dict:
+    from capo_trl.harness.presets import PRESETS
+
+    return PRESETS
 
 
 def main(argv: list[str]) -> int:
@@ -132,6 +144,8 @@ def main(argv: list[str]) -> int:
     t.add_argument("--ref_low", type=float, required=True)
     c = sub.add_parser("truncation", allow_abbrev=False)
     c.add_argument("--recipe", type=Path, required=True, help="a CAPO recipe: its groups per batch and CAPO settings")
+    c.add_argument("--preset", default=None, choices=sorted(_presets()), help="a capo-trl preset (e.g. capo, the embedded one) whose CAPO fields "
+                   "replace the recipe's (default: none, the recipe's own)")
     for p in (t, c):
         p.add_argument("--eval", type=Path, required=True, help="the folder `capo-trl eval --out` wrote (samples.csv)")
     for p in (m, t, c):
@@ -142,7 +156,7 @@ def main(argv: list[str]) -> int:
     elif args.what == "thresholds":
         report = thresholds(args.eval, args.task, args.ref_high, args.ref_low)
     else:
-        report = truncation(args.eval, args.recipe)
+        report = truncation(args.eval, args.recipe, args.preset)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))

@@ -41,7 +41,7 @@ def test_grpo_charges_unfinished_wrong_answers_and_capo_nearly_not(accounting, t
     tied = [wrong] * 8  # no pair: left out of every mean
     shifted = [(g, s - 0.01 * i, f) for i, (g, s, f) in enumerate(group)]  # a within-group spread that varies
     write_samples(tmp_path / "t", [group, tied, shifted, group] * 2)
-    report = accounting.truncation(tmp_path / "t", RECIPE)
+    report = accounting.truncation(tmp_path / "t", RECIPE, "capo")
     assert report["mixed_groups"] == 6 and report["mixed_groups_with_unfinished"] == 6
     assert (report["n/right"], report["n/wrong_finished"], report["n/wrong_unfinished"]) == (18, 18, 12)
     assert report["grpo/advantage/wrong_unfinished"] == pytest.approx(report["grpo/advantage/wrong_finished"])
@@ -61,7 +61,8 @@ def test_grpo_charges_unfinished_wrong_answers_and_capo_nearly_not(accounting, t
 @pytest.mark.parametrize("task", ["addition", "addition-guess-half"])
 def test_the_real_starts_files_are_what_it_computes(accounting, task):
     """The committed paper-mask.json and truncation.json are what the script computes from the committed samples: the
-    paper's thresholds (per kind of item on the task with guessable ones) and the CAPO SmolLM2 recipe's batches."""
+    paper's thresholds (per kind of item on the task with guessable ones) and the CAPO SmolLM2 recipe's batches under
+    the embedded preset's CAPO settings (the recipe's method block when they were computed)."""
     folder = START / task
     assert accounting.thresholds(folder, task, 2.5, 1.05) == json.loads((folder / "paper-mask.json").read_text())
-    assert accounting.truncation(folder, RECIPE) == json.loads((folder / "truncation.json").read_text())
+    assert accounting.truncation(folder, RECIPE, "capo") == json.loads((folder / "truncation.json").read_text())
