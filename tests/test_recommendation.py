@@ -286,9 +286,11 @@ def test_the_recommendation_is_the_pick_studys_until_its_look_then_what_its_rule
             chosen = arm_method("smollm2-lr-study", "capo-nomask-lr3e-4")
     assert tested["tau_mode"] == "absolute" and tested["noise_mask"] is True  # the reading above is of real values
     assert {k: RECOMMENDED[k] for k in chosen} == chosen
-    recipe = yaml.safe_load((ROOT / "examples" / "recipes" / "capo-smollm2-135m-lora-cpu.yaml").read_text())
+    from capo_trl.cli import train as capo_train
+
+    _, recipe, _ = capo_train.parse_args(["--config", str(ROOT / "examples/recipes/capo-smollm2-135m-lora-cpu.yaml")])
     trains = chosen if pick["look"] else arm_method("smollm2-lr-study", "capo-nomask-lr3e-4")
-    assert {k: recipe.get(k) for k in trains} == trains
+    assert {k: getattr(recipe, k) for k in trains} == trains  # as it resolves: an unset noise_mask is on under capo
 
 
 def test_from_the_pick_studys_look_the_recommendation_block_gives_it_and_what_its_rule_recommends(monkeypatch):
