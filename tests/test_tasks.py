@@ -187,3 +187,11 @@ def test_the_demo_says_what_the_committed_confirmatory_study_says():
     assert "chosen in an exploratory pilot" not in evidence(demo_budget("guess-half", learning_rate=2e-4))
     assert "chosen in an exploratory pilot" not in redraw and "was not tested for showing it" in redraw
 
+
+
+def test_a_p_value_too_small_for_four_decimals_is_printed_as_a_bound():
+    """Fixed before the looks that may need it: a p below 0.0001 reads "p < 0.0001", never "p = 0.0000"."""
+    from capo_trl.harness import evidence
+
+    assert evidence._pv(0.0012) == "= 0.0012" and evidence._pv(0.0001) == "= 0.0001"
+    assert evidence._pv(0.00004) == "< 0.0001" and evidence._pv(0.0) == "< 0.0001"

@@ -140,13 +140,13 @@ def study_words(task: str, r: dict | None = None) -> str:
 
         def holm(name):
             t = m[name]
-            return f"{_iv(t)} (Holm p = {t[3]:.4f}{', no difference shown' if t[3] >= 0.05 else ''})"
+            return f"{_iv(t)} (Holm p {_pv(t[3])}{', no difference shown' if t[3] >= 0.05 else ''})"
         head = _fill(
             f"On `guess-half` (half the items can only be guessed) GRPO loses calibration and CAPO without the "
             f"noise mask keeps it. In a pre-registered study, {r['stopped']} on {r['seeds']} seeds of 600 steps, "
             f"GRPO's pooled AUROC fell from {r['start']:.3f} to {r['grpo']:.3f} on average and CAPO without the "
             f"mask ended at {r['nomask']:.3f}: {_iv(r['primary'])} against GRPO ({level} t interval, the primary "
-            f"endpoint; paired t p = {r['p']:.4f}, exact sign-flip p = {r['flip_p']:.4f}; {r['favour']} of "
+            f"endpoint; paired t p {_pv(r['p'])}, exact sign-flip p {_pv(r['flip_p'])}; {r['favour']} of "
             f"{r['seeds']} seeds favoured it), with {r['collapsed']} of {r['seeds']} runs collapsed. The noise mask "
             f"undid it (against CAPO without the mask, 95% t intervals): the two-sided mask {holm('both')}, its "
             f"correct-answer side alone (dropping suspected lucky guesses) {holm('correct')}, its wrong-answer "
@@ -160,7 +160,7 @@ def study_words(task: str, r: dict | None = None) -> str:
             f"mask keeps it. In the pre-registered replication of the primary contrast, {r['stopped']} on "
             f"{r['seeds']} seeds of 600 steps, GRPO's pooled AUROC fell from {r['start']:.3f} to {r['grpo']:.3f} "
             f"on average and CAPO without the mask ended at {r['nomask']:.3f}: {_iv(r['primary'])} against GRPO "
-            f"({level} t interval; paired t p = {r['p']:.4f}, exact sign-flip p = {r['flip_p']:.4f}; "
+            f"({level} t interval; paired t p {_pv(r['p'])}, exact sign-flip p {_pv(r['flip_p'])}; "
             f"{r['favour']} of {r['seeds']} seeds favoured it), with {r['collapsed']} of {r['seeds']} runs "
             "collapsed. The mask was not tested there. Every pre-registered endpoint, against GRPO:")
     return head + "\n" + endpoint_table(r) + "\n" + _two_aurocs(r)
@@ -252,6 +252,11 @@ def measure_real(study: Study) -> dict:
     return r
 
 
+def _pv(p: float) -> str:
+    """A p-value as printed: "= 0.0012", or "< 0.0001" where four decimals would show 0."""
+    return f"= {p:.4f}" if p >= 0.0001 else "< 0.0001"
+
+
 def _start_auroc(a: dict) -> float | None:
     """The start model's pooled AUROC, None where the study has no start record (a study the runner ran): None, not
     nan, so that a result written down as a constant compares equal to the one measured again."""
@@ -335,7 +340,7 @@ def _look_words(r: dict, lead: str, undefined_rule: str, capo: str = "CAPO witho
     secondary with its Holm p, accuracy, collapses and undefined AUROCs (``capo``: the primary's CAPO arm, in words)."""
     verdict = _real_verdict(r, capo) + " there"
     kind = "confirmatory" if r["holds"] else "exploratory, since the primary does not hold"
-    second = "; ".join(f"{ENDPOINTS.get(e, e)}, {arm} minus {minus}: {_iv((m, lo, hi))} (Holm p = {hp:.4f})"
+    second = "; ".join(f"{ENDPOINTS.get(e, e)}, {arm} minus {minus}: {_iv((m, lo, hi))} (Holm p {_pv(hp)})"
                        for e, arm, minus, m, lo, hi, hp in r["secondary"])
     safety = "; ".join(f"{arm} {_iv(iv)}" for arm, iv in r["accuracy"].items())
     collapsed = ", ".join(f"{arm} {n}" for arm, n in r["collapsed"].items())
@@ -353,8 +358,8 @@ def _look_words(r: dict, lead: str, undefined_rule: str, capo: str = "CAPO witho
         f"{lead} {r['stopped']} with "
         f"{r['seeds']} complete seeds of 100 steps, pooled AUROC went {before}to "
         f"{r['grpo']:.3f} on average under GRPO and to {r['nomask']:.3f} under {capo}: {_iv(r['primary'])} "
-        f"against GRPO ({100 * r['level']:g}% t interval, the primary endpoint; paired t p = {r['p']:.4f}, exact "
-        f"sign-flip p = {r['flip_p']:.4f}; above 0 on {r['above']} of {r['seeds']} seeds), so {verdict}. "
+        f"against GRPO ({100 * r['level']:g}% t interval, the primary endpoint; paired t p {_pv(r['p'])}, exact "
+        f"sign-flip p {_pv(r['flip_p'])}; above 0 on {r['above']} of {r['seeds']} seeds), so {verdict}. "
         f"Secondary endpoints, 95% t intervals with Holm's correction ({kind}): {second}. Accuracy against GRPO: "
         f"{safety}. Collapsed runs of {r['seeds']}: {collapsed}.{undefined} These numbers are the real model's, apart "
         "from the tiny models'.")
@@ -369,12 +374,12 @@ def real_mask_words(r: dict, folder: str) -> str:
     def said(arm: str) -> str:
         m, lo, hi, hp = arms[arm]
         shown = "" if hp < 0.05 else ", no difference shown"
-        return f"{_iv((m, lo, hi))} (Holm p = {hp:.4f}{shown})"
+        return f"{_iv((m, lo, hi))} (Holm p {_pv(hp)}{shown})"
     c, n = r["collapsed"], r["seeds"]
     kind = "" if r["holds"] else ", exploratory since the study's primary does not hold"
     return (f"on a real model, {REAL_MODEL}, on two-digit addition, with the embedded preset's relative tau and "
             f"matched scale at learning rate 1e-3 (docs/results/{folder}/, {n} seeds), "
-            f"{_real_verdict(r)} (pooled AUROC {_iv(r['primary'])}, p = {r['p']:.4f}), and "
+            f"{_real_verdict(r)} (pooled AUROC {_iv(r['primary'])}, p {_pv(r['p'])}), and "
             f"pooled AUROC against CAPO without the "
             f"mask was {said('capo-mask-paper')} with the paper's thresholds and {said('capo-mask-measured')} "
             f"with the ones `calibrate-mask` measured{kind}; runs that collapsed into answers that never end: "
