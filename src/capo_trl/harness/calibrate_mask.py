@@ -84,14 +84,16 @@ def caveats(report: dict) -> list[str]:
 
 def recipe_values(report: dict) -> dict:
     """What ``--write_config`` sets: the recommended configuration's CAPO fields, with this model's measured
-    ``tau`` (absolute, the within-group spread) and thresholds in place of the paper's values.
+    thresholds in place of the paper's values, and its measured ``tau`` (the within-group spread, in nats) where the
+    recommendation's tau is absolute (a relative tau is already in units of the spread).
 
     ``advantage_estimator`` and ``noise_mask`` are left as the recipe has them (unset, the mask is on for CAPO
     and off for GRPO), so a GRPO twin of the recipe stays plain GRPO.
     """
     values = {k: v for k, v in RECOMMENDED.items() if k not in ("advantage_estimator", "noise_mask")}
-    values.update(tau=float(f"{report['tau']:.6g}"), ref_high=float(f"{report['ref_high']:.6g}"),
-                  ref_low=float(f"{report['ref_low']:.6g}"))
+    values.update(ref_high=float(f"{report['ref_high']:.6g}"), ref_low=float(f"{report['ref_low']:.6g}"))
+    if values["tau_mode"] == "absolute":
+        values["tau"] = float(f"{report['tau']:.6g}")
     return values
 
 
