@@ -556,7 +556,7 @@ def test_the_recommendations_mask_line_says_what_the_real_study_found(tmp_path):
                        for arm in ("capo-mask-paper", "capo-mask-measured"))
     text = " ".join(evidence.real_mask_words(r, "smollm2-study").split())
     assert not r["holds"] and "exploratory since the study's primary does not hold" in text
-    assert f"{paper[3]:+.3f} [{paper[4]:+.3f}, {paper[5]:+.3f}] (Holm p = {paper[6]:.4f}) with the paper's" in text
+    assert f"{paper[3]:+.3f} [{paper[4]:+.3f}, {paper[5]:+.3f}] (Holm p {evidence._pv(paper[6])}) with the paper's" in text
     assert paper[6] < 0.05 and measured[6] < 0.05  # 0.02 below, seed noise 0.001: shown
     assert "1 of 12 with the paper's thresholds, 0 with the measured ones, 0 without the mask, 0 under GRPO" in text
     r["secondary"] = [(*c[:6], 0.2) for c in r["secondary"]]
