@@ -174,12 +174,13 @@ def _block(text: str, name: str = "recommended") -> str | None:
 
 
 def test_the_checker_catches_a_page_that_recommends_another_value():
-    assert disagreements('We recommend `tau_mode="relative"` for any model.', RECOMMENDED) == [
-        "tau_mode='relative' in: We recommend `tau_mode=\"relative\"` for any model."]
-    assert disagreements("The recommended mask: noise_mask: false.", RECOMMENDED)
+    other = "absolute" if RECOMMENDED["tau_mode"] == "relative" else "relative"  # whatever the recommendation is
+    assert disagreements(f'We recommend `tau_mode="{other}"` for any model.', RECOMMENDED) == [
+        f"tau_mode='{other}' in: We recommend `tau_mode=\"{other}\"` for any model."]
+    assert disagreements(f"The recommended mask: noise_mask: {str(not RECOMMENDED['noise_mask']).lower()}.", RECOMMENDED)
     assert disagreements("We recommend tau=0.3.", RECOMMENDED)
-    assert not disagreements('We recommend `tau=0.6`, `noise_mask=True`. Ablations use `tau_mode="relative"`.',
-                             RECOMMENDED)
+    said = f"We recommend `tau={RECOMMENDED['tau']}`, `noise_mask={RECOMMENDED['noise_mask']}`."
+    assert not disagreements(f'{said} Ablations use `tau_mode="{other}"`.', RECOMMENDED)
 
 
 @pytest.mark.parametrize("page", RECOMMENDING_PAGES)
