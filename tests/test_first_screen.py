@@ -108,18 +108,23 @@ PICK_MEANS = {"grpo": {"auroc": 0.806, "auroc_question": 0.681, "accuracy": 0.52
               "capo": {"auroc": 0.83, "auroc_question": 0.7, "accuracy": 0.51}}
 
 
-def pick_screen(primary, holds=True, recommended=None):
+# What the library recommends if the pick study's rule chooses the pick (the paper's settings, the guard on), and
+# if it chooses the preset: each case is checked against its own, whichever RECOMMENDED holds now.
+PICKED = dict(advantage_estimator="capo", tau=0.6, tau_mode="absolute", advantage_scale="paper", noise_mask=True,
+              noise_mask_guard=True, ref_thresholds="fixed", ref_high=2.5, ref_low=1.05)
+
+
+def pick_screen(primary, holds=True, recommended=PICKED):
     """The first screen with the pick study at its look (written before it): a made-up result for the pick, the
     committed results for everything else."""
     from capo_trl.harness import evidence, evidence_screen
     from capo_trl.harness.first_screen import first_screen
-    from capo_trl.training.defaults import RECOMMENDED
 
     pick = {**evidence.REAL_LR_RESULT, "seeds": 13, "primary": primary, "holds": holds, "means": PICK_MEANS,
             "accuracy": {"capo-paper-lr3e-4": (-0.012, -0.03, 0.006)},
             "collapsed": {"grpo-lr3e-4": 0, "capo-paper-lr3e-4": 1}}
     real = {"1e-3": evidence.REAL_RESULT, "3e-4": evidence.REAL_LR_RESULT}
-    return first_screen(evidence.STUDY_RESULTS["guess-half"], real, recommended or RECOMMENDED,
+    return first_screen(evidence.STUDY_RESULTS["guess-half"], real, recommended,
                         evidence_screen.SCREEN_RESULT, pick)
 
 
@@ -128,7 +133,7 @@ def test_at_the_pick_studys_look_the_first_screen_gives_its_result_and_the_rules
     screen's exploratory clause; if the primary holds above 0 the pick is what to use, as measured; otherwise the
     first line says plainly that no CAPO configuration kept calibration better than GRPO, and what did least harm."""
     from capo_trl.harness.first_screen import what_to_use
-    from capo_trl.training.defaults import EMBEDDED_METHOD, RECOMMENDED
+    from capo_trl.training.defaults import EMBEDDED_METHOD
 
     kept = pick_screen((0.03, 0.01, 0.05))
     flat = " ".join(kept.split())
@@ -144,7 +149,7 @@ def test_at_the_pick_studys_look_the_first_screen_gives_its_result_and_the_rules
         assert flat.startswith("**What to use:** no CAPO configuration kept calibration better than GRPO on a real "
                                "model; the one that did least harm there is `CAPOConfig()` as it comes, the paper's")
         assert "So in a confirmatory study on a real model no CAPO configuration has kept calibration" in flat
-    preset = {**RECOMMENDED, **EMBEDDED_METHOD}  # what the library would recommend by hand if the preset did least harm
+    preset = {**PICKED, **EMBEDDED_METHOD}  # what the library recommends if the preset did least harm
     flat = " ".join(pick_screen((-0.09, -0.12, -0.06), True, preset).split())
     assert flat.startswith("**What to use:** no CAPO configuration kept calibration better than GRPO on a real model; "
                            'the one that did least harm there is `CAPOConfig()` as it comes (`tau=0.5`, '

@@ -21,9 +21,9 @@ CAPO_RECIPES = [r for r in RECIPES if r.name.startswith("capo-")]
 
 # recipe -> (tau, prompts per optimizer step, prompts per generation, max_steps) from CAPO.md's defaults
 PAPER = {
-    "capo-qwen2.5-math-1.5b.yaml": (0.6, 64, 128, 1200),
-    "capo-qwen2.5-math-7b.yaml": (0.5, 64, 128, 800),
-    "capo-qwen2.5-math-1.5b-lora.yaml": (0.6, 16, 32, 1200),  # the single-GPU budget version
+    "capo-qwen2.5-math-1.5b.yaml": (64, 128, 1200),
+    "capo-qwen2.5-math-7b.yaml": (64, 128, 800),
+    "capo-qwen2.5-math-1.5b-lora.yaml": (16, 32, 1200),  # the single-GPU budget version
 }
 
 
@@ -73,13 +73,12 @@ def test_recipe_parses_and_validates_without_loading(recipe, no_loading):
 
 @pytest.mark.parametrize("recipe", [ROOT / "examples" / "recipes" / name for name in PAPER], ids=lambda p: p.name)
 def test_paper_hyperparameters_and_batch_arithmetic(recipe):
-    tau, per_step, per_generation, max_steps = PAPER[recipe.name]
+    per_step, per_generation, max_steps = PAPER[recipe.name]
     script, args, model = capo_train.parse_args(["--config", str(recipe)])
     assert model.model_name_or_path.startswith("Qwen/Qwen2.5-Math-") and model.dtype == "bfloat16"
     assert script.dataset_name == "deepscaler" and script.max_prompt_length == 1050
     assert script.reward_funcs == ["math_accuracy"]
-    assert (args.advantage_estimator, args.tau, args.noise_mask) == ("capo", tau, True)
-    assert (args.ref_high, args.ref_low) == (2.5, 1.05)
+    assert args.advantage_estimator == "capo"  # its CAPO fields: the recommendation's (tests/test_recommendation.py)
     assert (args.num_generations, args.temperature, args.beta, args.epsilon) == (8, 1.0, 0.0, 0.2)
     assert args.max_completion_length == 3046 and args.vllm_max_model_length == 1050 + 3046
     assert args.use_vllm and args.vllm_mode == "colocate" and args.bf16 and args.gradient_checkpointing
@@ -122,7 +121,7 @@ def test_cpu_recipe_writes_out_the_embedded_defaults():
 
 def test_typo_in_a_recipe_fails_naming_the_field(tmp_path, capsys):
     recipe = tmp_path / "typo.yaml"
-    text = (ROOT / "examples/recipes/capo-qwen2.5-math-1.5b.yaml").read_text().replace("\ntau: 0.6", "\ntua: 0.6")
+    text = (ROOT / "examples/recipes/capo-qwen2.5-math-1.5b.yaml").read_text().replace("\ntau: ", "\ntua: ")
     recipe.write_text(text)
     with pytest.raises(ValueError, match=r"unknown field\(s\) 'tua' \(did you mean 'tau'\?\)"):
         capo_train.parse_args(["--config", str(recipe)])
