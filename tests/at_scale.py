@@ -50,7 +50,7 @@ def tied_on_rank_zero(completions, **kwargs):
 
 config = dict(per_device_train_batch_size=4, num_generations=4, max_completion_length=6, max_steps=2,
               learning_rate=1e-2, bf16=False, use_cpu=True, report_to="none", gradient_checkpointing=False,
-              logging_steps=1, save_strategy="no", seed=3, disable_tqdm=True, ref_high=1e6, ref_low=1.0)
+              logging_steps=1, save_strategy="no", seed=3, disable_tqdm=True, noise_mask=True, ref_high=1e6, ref_low=1.0)
 config.update({"use_vllm": True} if spec.get("vllm") else {}, **spec.get("config", {}))
 args = CAPOConfig(output_dir=spec["out"], **config)  # before the model: ZeRO-3's zero.Init needs the DS config
 

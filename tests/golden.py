@@ -24,16 +24,19 @@ COMMON = dict(per_device_train_batch_size=16, num_generations=4, max_completion_
               logging_steps=1, save_strategy="no", seed=5, temperature=1.0, disable_tqdm=True)
 LOOSE = dict(ref_high=1e6, ref_low=1.0)
 OFF = dict(noise_mask_guard=False)  # the mask as recorded before the guard existed
+# the paper's advantage settings, CAPOConfig's defaults when the runs were recorded: named, so that the runs stay the
+# recorded ones whatever the defaults become
+PAPER_ADV = dict(tau=0.6, tau_mode="absolute", advantage_scale="paper")
 RUNS = {
     "grpo": dict(advantage_estimator="grpo"),
     "grpo-mask-auto": dict(advantage_estimator="grpo", noise_mask=True, ref_thresholds="auto", **OFF),
-    "capo-paper-loose-mask": dict(advantage_estimator="capo", noise_mask=True, **LOOSE, **OFF),
+    "capo-paper-loose-mask": dict(advantage_estimator="capo", noise_mask=True, **PAPER_ADV, **LOOSE, **OFF),
     "capo-mask-auto": dict(advantage_estimator="capo", noise_mask=True, ref_thresholds="auto", tau=1.0,
                            tau_mode="relative", advantage_scale="bounded", **OFF),
-    "capo-matched-pairs": dict(advantage_estimator="capo", noise_mask=False, advantage_scale="matched",
-                               advantage_normalization="pairs"),
-    "capo-linear": dict(advantage_estimator="capo", noise_mask=False, surrogate="linear"),
-    "capo-beta": dict(advantage_estimator="capo", noise_mask=True, beta=0.04, **LOOSE, **OFF),
+    "capo-matched-pairs": dict(advantage_estimator="capo", noise_mask=False, tau=0.6, tau_mode="absolute",
+                               advantage_scale="matched", advantage_normalization="pairs"),
+    "capo-linear": dict(advantage_estimator="capo", noise_mask=False, surrogate="linear", **PAPER_ADV),
+    "capo-beta": dict(advantage_estimator="capo", noise_mask=True, beta=0.04, **PAPER_ADV, **LOOSE, **OFF),
     "gspo": dict(advantage_estimator="grpo", importance_sampling_level="sequence", loss_type="grpo", epsilon=3e-4,
                  epsilon_high=4e-4),
     "dr_grpo": dict(advantage_estimator="dr_grpo", loss_type="dr_grpo"),

@@ -74,7 +74,8 @@ def test_a_reward_without_spans_is_refused_before_the_model_loads(tmp_path):
 
 
 def _capo(**fields):
-    config = CAPOConfig(output_dir="unused", use_cpu=True, report_to="none", noise_mask=False, **fields)
+    config = CAPOConfig(output_dir="unused", use_cpu=True, report_to="none", noise_mask=False, tau=0.6,
+                        tau_mode="absolute", advantage_scale="paper", **fields)  # the paper's advantage, written out
     return resolve_method("capo")(config)
 
 
@@ -89,7 +90,7 @@ def test_answer_scores_rank_and_rows_without_an_answer_tie():
     filled = torch.tensor([-0.3, -0.2, -0.5, -2.0])
     expected = capo_advantages(rewards, filled, 4, 0.6, tied=torch.tensor([False, False, False, True]))
     torch.testing.assert_close(got, expected)
-    paper, _ = _capo().advantages(batch)  # the paper's score over the whole completion is the default
+    paper, _ = _capo().advantages(batch)  # the paper's score over the whole completion is score_span's default
     torch.testing.assert_close(paper, capo_advantages(rewards, scores, 4, 0.6))
     with pytest.raises(ValueError, match="answer_scores"):
         _capo(score_span="answer").advantages(AdvantageInputs(rewards=rewards, scores=scores, num_generations=4,

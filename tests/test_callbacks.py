@@ -18,7 +18,8 @@ def test_callback_logs_during_capo_training(tiny_model_dir, tmp_path):
     args = CAPOConfig(
         output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, max_completion_length=8,
         max_steps=2, learning_rate=1e-2, bf16=False, use_cpu=True, report_to="none", gradient_checkpointing=False,
-        logging_steps=1, save_strategy="no", seed=3, temperature=0.9, ref_high=1e6, ref_low=1.0,
+        logging_steps=1, save_strategy="no", seed=3, temperature=0.9, noise_mask=True, ref_high=1e6,
+        ref_low=1.0,
     )
     trainer = CAPOTrainer(model=tiny_model_dir, reward_funcs=digit_reward, args=args, train_dataset=tiny_dataset())
     monitor = CalibrationCallback(tiny_dataset(4), every_n_steps=1, n=4, grader=DigitGrader())
@@ -61,7 +62,7 @@ def test_a_resumed_run_keeps_its_points_and_measures_none_twice(tiny_model_dir, 
             output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, max_completion_length=8,
             max_steps=max_steps, learning_rate=1e-2, lr_scheduler_type="constant", bf16=False, use_cpu=True,
             report_to="none", gradient_checkpointing=False, logging_steps=1, save_strategy="steps", save_steps=1,
-            seed=3, ref_high=1e6, ref_low=1.0,
+            seed=3, noise_mask=True, ref_high=1e6, ref_low=1.0,
         )
         trainer = CAPOTrainer(model=tiny_model_dir, reward_funcs=digit_reward, args=args,
                               train_dataset=tiny_dataset())

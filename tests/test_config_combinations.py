@@ -13,6 +13,7 @@ from capo_trl import CAPOConfig
 from capo_trl.errors import UsageError
 from capo_trl.rewards import RLCRReward, boxed_format_reward, math_accuracy_reward, with_grader_noise
 from capo_trl.training.checks import check_correct_threshold
+from capo_trl.training.defaults import RECOMMENDED
 
 BASE = dict(output_dir="/tmp/capo-combinations-test", use_cpu=True, bf16=False, report_to="none")
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,17 +26,17 @@ REFUSED = [
     ("ref_high=1 keeps no correct answer", dict(noise_mask=True, ref_high=1.0, ref_low=2.0),
      r"^CAPOConfig\.ref_high=1\.0 keeps no correct completion: .* Give ref_high > 1 \(the paper's 2\.5; `capo-trl "
      r"calibrate-mask` measures yours\), ref_thresholds='auto', noise_mask_side='wrong', or noise_mask=False\.$"),
-    ("ref_high=1 on the correct side", dict(ref_high=1.0, noise_mask_side="correct"), r"ref_high=1\.0 keeps no correct"),
-    ("ref_high < 1", dict(ref_high=0.9), r"ref_high=0\.9 / ref_low=1\.05 are perplexities"),
-    ("sync_ref_model with the mask", dict(sync_ref_model=True), r"sync_ref_model=True moves the reference model.*"
+    ("ref_high=1 on the correct side", dict(noise_mask=True, ref_high=1.0, noise_mask_side="correct"), r"ref_high=1\.0 keeps no correct"),
+    ("ref_high < 1", dict(noise_mask=True, ref_high=0.9), r"ref_high=0\.9 / ref_low=1\.05 are perplexities"),
+    ("sync_ref_model with the mask", dict(noise_mask=True, sync_ref_model=True), r"sync_ref_model=True moves the reference model.*"
                                                                r"noise_mask=False"),
-    ("unmasked normaliser with a KL term", dict(noise_mask_normalizer="unmasked", beta=0.04),
+    ("unmasked normaliser with a KL term", dict(noise_mask=True, noise_mask_normalizer="unmasked", beta=0.04),
      r"noise_mask_normalizer='unmasked' .* beta=0\.04 would still make them contribute"),
     # CAPO's own fields
-    ("relative tau with the paper's 1/tau scale", dict(tau_mode="relative"),
+    ("relative tau with the paper's 1/tau scale", dict(tau_mode="relative", advantage_scale="paper"),
      r"^CAPOConfig\.tau_mode='relative' with advantage_scale='paper': .* grow without bound as the spread shrinks; "
      r"use advantage_scale='matched' .* or 'bounded', or tau_mode='absolute'"),
-    ("scale_rewards under the paper's scale", dict(scale_rewards="none"),
+    ("scale_rewards under the paper's scale", dict(advantage_scale="paper", scale_rewards="none"),
      r"scale_rewards='none' has no effect under advantage_scale='paper'"),
     # other methods, other TRL fields
     ("c2gspg with a KL term", dict(advantage_estimator="c2gspg", beta=0.04), r"beta=0\.04 is ignored by .*'c2gspg'"),
@@ -75,18 +76,18 @@ WARNED = [
     ("a threshold under grpo (mask off by default)", dict(advantage_estimator="grpo", ref_low=1.2),
      r"ref_low=1\.2 has no effect with the noise mask off \(noise_mask=False; advantage_estimator='grpo'\)"),
     # the mask's fields that its other settings make unused
-    ("fixed thresholds that are measured", dict(ref_thresholds="auto", ref_high=2.0),
+    ("fixed thresholds that are measured", dict(noise_mask=True, ref_thresholds="auto", ref_high=2.0),
      r"^CAPOConfig\.ref_high=2\.0 has no effect with ref_thresholds='auto' \(the thresholds are measured"),
-    ("measuring steps with fixed thresholds", dict(ref_calibration_steps=3),
+    ("measuring steps with fixed thresholds", dict(noise_mask=True, ref_calibration_steps=3),
      r"ref_calibration_steps=3 has no effect with ref_thresholds='fixed'"),
-    ("ref_low when only correct answers are tested", dict(noise_mask_side="correct", ref_low=1.2),
+    ("ref_low when only correct answers are tested", dict(noise_mask=True, noise_mask_side="correct", ref_low=1.2),
      r"ref_low=1\.2 has no effect with noise_mask_side='correct' \(the mask tests only correct answers\)"),
-    ("ref_high when only wrong answers are tested", dict(noise_mask_side="wrong", ref_high=3.0),
+    ("ref_high when only wrong answers are tested", dict(noise_mask=True, noise_mask_side="wrong", ref_high=3.0),
      r"ref_high=3\.0 has no effect with noise_mask_side='wrong' \(the mask tests only wrong answers\)"),
-    ("the mask's own reference forward at beta > 0", dict(beta=0.04, ref_scoring="all", ref_cache_size=16),
+    ("the mask's own reference forward at beta > 0", dict(noise_mask=True, beta=0.04, ref_scoring="all", ref_cache_size=16),
      r"ref_scoring='all', ref_cache_size=16 have no effect with beta=0\.04 \(the mask reads the reference log-probs "
      r"TRL computes"),
-    ("overlapping fixed thresholds", dict(ref_high=1.5, ref_low=2.0),
+    ("overlapping fixed thresholds", dict(noise_mask=True, ref_high=1.5, ref_low=2.0),
      r"^noise mask thresholds from ref_high/ref_low as given overlap: ref_low=2 > ref_high=1\.5\."),
     # CAPO's settings that its other settings make unused
     ("a temperature for the linear surrogate", dict(surrogate="linear", tau=0.3, truncated_pairs="tied"),
@@ -138,12 +139,12 @@ def test_warned_once_per_process():
 
 
 @pytest.mark.parametrize("kwargs", [
-    dict(),  # the paper's defaults
-    dict(advantage_estimator="grpo", tau=0.6, ref_high=2.5),  # set to the default: indistinguishable from unset
+    dict(),  # the defaults
+    dict(advantage_estimator="grpo", tau=RECOMMENDED["tau"], ref_high=2.5),  # set to the default: as if unset
     dict(advantage_estimator="grpo", noise_mask=True, ref_thresholds="auto", ref_calibration_steps=2),  # grpo-mask
     dict(tau=0.5, tau_mode="relative", advantage_scale="matched", noise_mask=False),  # the embedded preset
-    dict(noise_mask_side="wrong", ref_low=1.2, ref_high=2.5, ref_thresholds="fixed"),
-    dict(ref_high=1e6, ref_low=1.0),  # the real-model test's wide-open thresholds
+    dict(noise_mask=True, noise_mask_side="wrong", ref_low=1.2, ref_high=2.5, ref_thresholds="fixed"),
+    dict(noise_mask=True, ref_high=1e6, ref_low=1.0),  # the real-model test's wide-open thresholds
     dict(loss_type="sapo", sapo_temperature_pos=2.0),
     dict(advantage_estimator="codapo", codapo_replay=True),
 ])

@@ -298,20 +298,22 @@ def test_calibrate_mask_updates_only_the_lines_of_its_keys(monkeypatch, capsys, 
     updated = config.read_text().splitlines(keepends=True)
     assert len(updated) == len(original)  # every key was already there: no line added or lost
     changed = [(a, b) for a, b in zip(original, updated) if a != b]
-    assert [b.split(":")[0] for _, b in changed] == ["tau", "ref_high", "ref_low"]
+    from capo_trl.training.defaults import RECOMMENDED
+
+    tau = {"tau": 0.25} if RECOMMENDED["tau_mode"] == "absolute" else {}  # a relative tau is not measured
+    assert [b.split(":")[0] for _, b in changed] == [*tau, "ref_high", "ref_low"]
     assert all(b.split("#")[1:] == a.split("#")[1:] for a, b in changed)  # trailing comments kept
     parsed = yaml.safe_load(config.read_text())
-    assert (parsed["tau"], parsed["ref_high"], parsed["ref_low"]) == (0.25, 1.8, 1.02)
-    assert parsed["tau_mode"] == "absolute" and parsed["ref_thresholds"] == "fixed"
+    assert (parsed["ref_high"], parsed["ref_low"]) == (1.8, 1.02) and all(parsed[k] == v for k, v in tau.items())
+    assert parsed["tau_mode"] == RECOMMENDED["tau_mode"] and parsed["ref_thresholds"] == "fixed"
 
     short = tmp_path / "short.yaml"
-    short.write_text("# my recipe\nlearning_rate: 1.0e-6\ntau_mode: relative   # was relative\n")
+    short.write_text("# my recipe\nlearning_rate: 1.0e-6\ntau_mode: whatever   # was whatever\n")
     assert main(["calibrate-mask", "--write_config", str(short)]) == 0
     text = short.read_text()
-    assert text.startswith("# my recipe\nlearning_rate: 1.0e-6\ntau_mode: absolute   # was relative\n")
-    assert yaml.safe_load(text) == {"learning_rate": 1e-6, "tau_mode": "absolute", "tau": 0.25, "ref_high": 1.8,
-                                    "ref_low": 1.02, "ref_thresholds": "fixed", "advantage_scale": "paper",
-                                    "noise_mask_guard": True}
+    assert text.startswith(f"# my recipe\nlearning_rate: 1.0e-6\ntau_mode: {RECOMMENDED['tau_mode']}   # was whatever\n")
+    written = {k: v for k, v in RECOMMENDED.items() if k not in ("advantage_estimator", "noise_mask")}
+    assert yaml.safe_load(text) == {"learning_rate": 1e-6, **written, "ref_high": 1.8, "ref_low": 1.02, **tau}
     created = tmp_path / "new.yaml"
     assert main(["calibrate-mask", "--write_config", str(created)]) == 0
     assert yaml.safe_load(created.read_text())["tau"] == 0.25

@@ -26,7 +26,7 @@ def test_constructor_has_grpotrainers_parameters_and_defaults():
 def test_model_card_names_and_cites_capo_with_its_settings(tiny_model_dir, tmp_path):
     args = CAPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4, max_steps=1,
                       max_completion_length=4, use_cpu=True, bf16=False, report_to="none", save_strategy="no",
-                      tau=0.4, ref_high=3.0)
+                      tau=0.4, noise_mask=True, ref_high=3.0)
     trainer = CAPOTrainer(model=tiny_model_dir, reward_funcs=digit_reward, args=args, train_dataset=tiny_dataset())
     trainer.create_model_card(model_name="tiny-capo")
     card = (tmp_path / "README.md").read_text()

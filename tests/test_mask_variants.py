@@ -35,9 +35,9 @@ def config(**overrides):
 @pytest.mark.parametrize("overrides, field", [
     (dict(noise_mask_side="neither"), "noise_mask_side='neither'"),
     (dict(noise_mask_normalizer="all"), "noise_mask_normalizer='all'"),
-    (dict(noise_mask_normalizer="unmasked", beta=0.04), "beta=0.04"),
-    (dict(noise_mask_normalizer="unmasked", entropy_coef=0.01), "entropy_coef=0.01"),
-    (dict(noise_mask_normalizer="unmasked", top_entropy_quantile=0.2), "top_entropy_quantile=0.2"),
+    (dict(noise_mask=True, noise_mask_normalizer="unmasked", beta=0.04), "beta=0.04"),
+    (dict(noise_mask=True, noise_mask_normalizer="unmasked", entropy_coef=0.01), "entropy_coef=0.01"),
+    (dict(noise_mask=True, noise_mask_normalizer="unmasked", top_entropy_quantile=0.2), "top_entropy_quantile=0.2"),
     (dict(noise_mask_normalizer="unmasked", advantage_estimator="c2gspg", noise_mask=True), "'c2gspg'"),
 ])
 def test_bad_variants_are_refused_at_construction(overrides, field):
@@ -97,7 +97,7 @@ class Recorder:
 
 def test_unmasked_normaliser_keeps_dropped_rows_with_zero_advantage(tiny_model_dir, tmp_path):
     # Every wrong answer is dropped (the random model's PPL ~75 < ref_low), every correct one kept; no guard.
-    settings = dict(loss_type="dapo", max_steps=1, learning_rate=0.0, ref_high=1e6, ref_low=1e6,
+    settings = dict(loss_type="dapo", max_steps=1, learning_rate=0.0, noise_mask=True, ref_high=1e6, ref_low=1e6,
                     noise_mask_side="wrong", noise_mask_guard=False)
     outs = {}
     for normaliser in ("kept", "unmasked"):
@@ -129,7 +129,7 @@ def test_unmasked_normaliser_keeps_dropped_rows_with_zero_advantage(tiny_model_d
 
 
 def test_unmasked_normaliser_trains(tiny_model_dir, tmp_path):
-    trainer = make(tiny_model_dir, tmp_path, ref_high=1e6, ref_low=1.0, noise_mask_normalizer="unmasked",
+    trainer = make(tiny_model_dir, tmp_path, noise_mask=True, ref_high=1e6, ref_low=1.0, noise_mask_normalizer="unmasked",
                    noise_mask_side="correct", max_steps=2)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()

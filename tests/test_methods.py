@@ -71,7 +71,7 @@ def test_tied_truncated_pairs_need_the_flags():
     from capo_trl.methods.base import AdvantageInputs
     from capo_trl.methods.capo import CAPO
 
-    method = CAPO(CAPOConfig(truncated_pairs="tied", **BASE))
+    method = CAPO(CAPOConfig(truncated_pairs="tied", tau=0.6, tau_mode="absolute", advantage_scale="paper", **BASE))
     rewards, scores = torch.tensor([1.0, 0.0, 0.0, 1.0]), torch.tensor([-0.1, -0.3, -2.0, -0.2])
     with pytest.raises(ValueError, match="truncated_pairs='tied' needs AdvantageInputs.truncated"):
         method.advantages(AdvantageInputs(rewards, scores, 4, torch.zeros(4)))

@@ -18,7 +18,7 @@ from capo_trl.training.scoring import collective_rows
 COMMON = dict(
     per_device_train_batch_size=8, num_generations=4, max_completion_length=8, max_steps=2, learning_rate=1e-2,
     bf16=False, use_cpu=True, report_to="none", gradient_checkpointing=False, logging_steps=1, save_strategy="no",
-    seed=7, ref_high=1e6, ref_low=1.0,
+    seed=7, noise_mask=True, ref_high=1e6, ref_low=1.0,
 )
 
 

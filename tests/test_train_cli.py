@@ -63,8 +63,9 @@ def job(model_dir, data, out, *extra) -> list[str]:
     return ["--model_name_or_path", model_dir, "--dataset_name", data, "--prompt_template", "raw",
             "--reward_funcs", "test_train_cli:coin_reward", "--per_device_train_batch_size", "4",
             "--num_generations", "4", "--max_completion_length", "6", "--learning_rate", "1e-2",
-            "--ref_high", "1e6", "--ref_low", "1.0", "--gradient_checkpointing", "false", "--report_to", "none",
-            "--logging_steps", "1", "--disable_tqdm", "true", "--seed", "3", "--output_dir", str(out), *extra]
+            "--noise_mask", "true", "--ref_high", "1e6", "--ref_low", "1.0", "--gradient_checkpointing", "false",
+            "--report_to", "none", "--logging_steps", "1", "--disable_tqdm", "true", "--seed", "3",
+            "--output_dir", str(out), *extra]
 
 
 # ------------------------------------------------------------------------------------------ parsing
@@ -95,9 +96,11 @@ def test_embedded_default_settings_and_precedence(tmp_path):
     assert capo_train._resume_target("last") is True
     assert capo_train._resume_target("ckpt/checkpoint-3") == "ckpt/checkpoint-3"
     assert capo_train._resume_target(None) is None
-    # naming a model drops the embedded defaults: CAPOConfig's own apply
+    # naming a model drops the embedded defaults: CAPOConfig's own apply (the recommendation's, TRL's max_steps)
+    from capo_trl.training.defaults import RECOMMENDED
+
     _, args, _ = capo_train.parse_args(["--model_name_or_path", "some/model"])
-    assert (args.tau_mode, args.max_steps, args.noise_mask) == ("absolute", -1, True)
+    assert (args.tau_mode, args.max_steps, args.noise_mask) == (RECOMMENDED["tau_mode"], -1, RECOMMENDED["noise_mask"])
 
 
 def test_bad_arguments_fail_cleanly_naming_the_problem(tmp_path, capsys):
@@ -107,7 +110,8 @@ def test_bad_arguments_fail_cleanly_naming_the_problem(tmp_path, capsys):
         (["--reward_funcs", "capo_trl.cli.reward_names:REWARDS"], "not callable"),
         (["--reward_funcs", "math_accuracy", "boxed_format", "--reward_weights", "1.0"], "reward_weights has 1"),
         (["--model_name_or_path", "m", "--load_in_4bit", "true"], "use_peft"),
-        (["--model_name_or_path", "m", "--beta", "0.1", "--sync_ref_model", "true"], "sync_ref_model"),
+        (["--model_name_or_path", "m", "--beta", "0.1", "--sync_ref_model", "true", "--noise_mask", "true"],
+         "sync_ref_model"),
         (["--dataset_name", "x.jsonl", "--dataset_train_split", "train"], "does not apply to a local file"),
         (["--dataset_columns", "question"], "ROLE=NAME"),
         (["--dataset_columns", "prompt=question"], "unknown role 'prompt'"),

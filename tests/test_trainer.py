@@ -19,7 +19,7 @@ COMMON = dict(
     bf16=False, use_cpu=True, report_to="none", gradient_checkpointing=False, logging_steps=1,
     save_strategy="no", seed=7, temperature=1.0,
 )
-LOOSE = dict(ref_high=1e6, ref_low=1.0)  # a random tiny model has reference PPL ~75: keep everything
+LOOSE = dict(noise_mask=True, ref_high=1e6, ref_low=1.0)  # the mask on; a random tiny model has reference PPL ~75: keep all
 CAPO_METRICS = ["capo/auroc", "capo/auroc_group", "capo/mixed_group_frac", "capo/kept_frac", "capo/dropped_correct",
                 "capo/dropped_wrong", "capo/adv_abs_mean"]
 
@@ -61,8 +61,8 @@ def assert_trains(trainer, trainable_only=False, generations=None):
     assert any(v is not None for v in logged(trainer, "capo/auroc"))
 
 
-def test_defaults_separate_reference_and_loud_warning(tiny_model_dir, tmp_path, caplog):
-    trainer = make(tiny_model_dir, tmp_path)
+def test_the_papers_mask_has_a_separate_reference_and_warns_loudly(tiny_model_dir, tmp_path, caplog):
+    trainer = make(tiny_model_dir, tmp_path, noise_mask=True)  # the paper's thresholds, the guard on (defaults)
     assert trainer.args.noise_mask and trainer.beta == 0.0 and trainer.ref_model is None
     assert trainer._capo_ref_model is not None
     with mask_warns(caplog, r"would drop every correct completion.*ref_high=2.5.*kept them"):
@@ -180,7 +180,8 @@ def test_relative_tau_scales_with_the_score_spread(tiny_model_dir, tmp_path):
 
 
 def test_auto_thresholds_measure_the_quartile_rule_once(tiny_model_dir, tmp_path):
-    trainer = make(tiny_model_dir, tmp_path, ref_thresholds="auto", ref_calibration_steps=1, max_steps=3)
+    trainer = make(tiny_model_dir, tmp_path, noise_mask=True, ref_thresholds="auto", ref_calibration_steps=1,
+                   max_steps=3)
     trainer.train()
     highs, lows = logged(trainer, "capo/ref_high"), logged(trainer, "capo/ref_low")
     assert highs and len(set(highs)) == 1 and len(set(lows)) == 1  # measured once, then frozen
@@ -257,13 +258,13 @@ def test_the_default_mask_never_silently_stops_learning(tiny_model_dir, tmp_path
     def length_reward(completions, **kwargs):
         return [0.5 + len(c) / 100 for c in completions]  # every completion "correct", distinct rewards
 
-    trainer = make(tiny_model_dir, tmp_path / "guard", reward=length_reward)
+    trainer = make(tiny_model_dir, tmp_path / "guard", reward=length_reward, noise_mask=True)
     before = params(trainer)
     with mask_warns(caplog, "noise_mask_guard"):
         trainer.train()
     assert all(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
     assert logged(trainer, "capo/mask_guard_kept") == [1.0, 1.0, 1.0] and set(logged(trainer, "capo/kept_frac")) == {1.0}
-    literal = make(tiny_model_dir, tmp_path / "literal", reward=length_reward, noise_mask_guard=False)
+    literal = make(tiny_model_dir, tmp_path / "literal", reward=length_reward, noise_mask=True, noise_mask_guard=False)
     before = params(literal)
     with mask_warns(caplog, "training without correct answers"):
         literal.train()

@@ -18,7 +18,7 @@ COMMON = dict(
     bf16=False, use_cpu=True, report_to="none", gradient_checkpointing=False, logging_steps=1,
     save_strategy="no", seed=7, temperature=1.0,
 )
-LOOSE = dict(ref_high=1e6, ref_low=1.0)  # a random tiny model has reference PPL ~75: keep everything
+LOOSE = dict(noise_mask=True, ref_high=1e6, ref_low=1.0)  # the mask on; a random tiny model has reference PPL ~75: keep all
 EOS = 1  # the tiny tokenizer's eos (pad is 0)
 
 
@@ -68,7 +68,8 @@ def scored_worked_example(tmp_path, monkeypatch, tiny_model_dir, **overrides):
     args = CAPOConfig(output_dir=str(tmp_path), **{**COMMON, "per_device_train_batch_size": 5, "num_generations": 5,
                                                    "max_completion_length": 4, "mask_truncated_completions": True,
                                                    "repetition_penalty": 1.1,  # no recording: CAPO's forward scores
-                                                   "noise_mask": False, "tau": 0.6, **overrides})
+                                                   "noise_mask": False, "tau": 0.6, "tau_mode": "absolute",
+                                                   "advantage_scale": "paper", **overrides})  # the worked example's
     trainer = CAPOTrainer(model=tiny_model_dir, reward_funcs=lambda completions, **kw: list(WORKED_R), args=args,
                           train_dataset=tiny_dataset())
     trainer._get_per_token_logps_and_entropies = designed_logps
@@ -262,7 +263,7 @@ BASE = dict(output_dir="unused", use_cpu=True, bf16=False, report_to="none")
 @pytest.mark.parametrize("scale", ["none", "batch", False])
 def test_scale_rewards_that_paper_scale_would_ignore_is_refused(scale):
     with pytest.raises(ValueError, match=r"scale_rewards='(none|batch)' has no effect under advantage_scale='paper'"):
-        CAPOConfig(scale_rewards=scale, **BASE)
+        CAPOConfig(scale_rewards=scale, advantage_scale="paper", **BASE)
     for advantage_scale in ("bounded", "matched"):  # these honour it
         assert CAPOConfig(scale_rewards=scale, advantage_scale=advantage_scale, **BASE).scale_rewards == \
             {False: "none"}.get(scale, scale)

@@ -17,7 +17,7 @@ from capo_trl.methods import BUILTIN
 COMMON = dict(
     per_device_train_batch_size=8, num_generations=4, max_completion_length=8, max_steps=2, learning_rate=1e-2,
     bf16=False, use_cpu=True, report_to="none", gradient_checkpointing=False, logging_steps=1, save_strategy="no",
-    seed=7, use_vllm=True, ref_high=1e6, ref_low=1.0,
+    seed=7, use_vllm=True, noise_mask=True, ref_high=1e6, ref_low=1.0,
 )
 
 
@@ -60,7 +60,8 @@ def logged(trainer, name):
 @pytest.mark.parametrize("correction", [True, False])
 @pytest.mark.parametrize("beta", [0.0, 0.04])
 def test_capo_with_the_mask_trains_through_trls_vllm_branch(tiny_model_dir, tmp_path, correction, beta):
-    trainer, seen, changed = train(tiny_model_dir, tmp_path, beta=beta, vllm_importance_sampling_correction=correction)
+    trainer, seen, changed = train(tiny_model_dir, tmp_path, beta=beta, vllm_importance_sampling_correction=correction,
+                                   noise_mask=True)
     engine = vllm_standin.StandInVLLMGeneration.instances[-1]
     assert trainer.use_vllm and engine.calls == 2 and engine.syncs >= 1
     assert not trainer._records_rollout_logps() and len(seen) == 2
