@@ -231,7 +231,9 @@ def test_registry_rejects_duplicates_and_capo_method_logs_tau():
     with pytest.raises(ValueError, match="already registered"):
         register_method(Other)
     cfg = SimpleNamespace(tau=0.6, tau_mode="absolute", advantage_normalization="group", surrogate="logistic",
-                          advantage_scale="paper")
+                          advantage_scale="paper", truncated_pairs="ranked", score_span="completion")  # every field:
+    # a config without all of them would be read as a plugin's, its method_kwargs, and these values ignored
+    assert CAPO(cfg).args.tau_mode == "absolute" and CAPO(cfg).args.advantage_scale == "paper"
     adv, metrics = CAPO(cfg).advantages(AdvantageInputs(R, S, 5, torch.zeros(5)))
     torch.testing.assert_close(adv, capo_advantages(R, S, 5, tau=0.6))
     assert metrics == {"capo/tau": 0.6}

@@ -18,6 +18,8 @@ from capo_trl.training.defaults import RECOMMENDED
 BASE = dict(output_dir="/tmp/capo-combinations-test", use_cpu=True, bf16=False, report_to="none")
 ROOT = Path(__file__).resolve().parents[1]
 # what the mask's own fields look like when set (none is a default)
+# a tau_mode that is not the default, whichever the default is
+OTHER_MODE = "absolute" if RECOMMENDED["tau_mode"] == "relative" else "relative"
 MASK_SET = dict(noise_mask_normalizer="unmasked", ref_calibration_steps=2, ref_cache_size=0, ref_scoring="all",
                 noise_mask_guard=False)
 
@@ -36,7 +38,7 @@ REFUSED = [
     ("relative tau with the paper's 1/tau scale", dict(tau_mode="relative", advantage_scale="paper"),
      r"^CAPOConfig\.tau_mode='relative' with advantage_scale='paper': .* grow without bound as the spread shrinks; "
      r"use advantage_scale='matched' .* or 'bounded', or tau_mode='absolute'"),
-    ("scale_rewards under the paper's scale", dict(advantage_scale="paper", scale_rewards="none"),
+    ("scale_rewards under the paper's scale", dict(tau_mode="absolute", advantage_scale="paper", scale_rewards="none"),
      r"scale_rewards='none' has no effect under advantage_scale='paper'"),
     # other methods, other TRL fields
     ("c2gspg with a KL term", dict(advantage_estimator="c2gspg", beta=0.04), r"beta=0\.04 is ignored by .*'c2gspg'"),
@@ -54,9 +56,9 @@ WARNED = [
     ("a CAPO setting under grpo", dict(advantage_estimator="grpo", tau=0.3),
      r"^CAPOConfig\.tau=0\.3 has no effect under advantage_estimator='grpo' \(capo's setting\); remove it, or choose "
      r"advantage_estimator='capo'\.$"),
-    ("the GRPO recipes' twin settings", dict(advantage_estimator="grpo", tau=0.5, tau_mode="relative",
-                                             advantage_scale="matched", noise_mask=False),
-     r"^CAPOConfig\.tau=0\.5, tau_mode='relative', advantage_scale='matched' have no effect under "
+    ("a CAPO method block under grpo", dict(advantage_estimator="grpo", tau=0.4, tau_mode=OTHER_MODE,
+                                            advantage_scale="bounded", noise_mask=False),
+     rf"^CAPOConfig\.tau=0\.4, tau_mode='{OTHER_MODE}', advantage_scale='bounded' have no effect under "
      r"advantage_estimator='grpo' \(capo's settings\); remove them"),
     ("a CoDaPO setting under capo", dict(codapo_replay=True),
      r"^CAPOConfig\.codapo_replay=True has no effect under advantage_estimator='capo' \(codapo's setting\)"),

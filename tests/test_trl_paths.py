@@ -263,7 +263,7 @@ BASE = dict(output_dir="unused", use_cpu=True, bf16=False, report_to="none")
 @pytest.mark.parametrize("scale", ["none", "batch", False])
 def test_scale_rewards_that_paper_scale_would_ignore_is_refused(scale):
     with pytest.raises(ValueError, match=r"scale_rewards='(none|batch)' has no effect under advantage_scale='paper'"):
-        CAPOConfig(scale_rewards=scale, advantage_scale="paper", **BASE)
+        CAPOConfig(scale_rewards=scale, tau_mode="absolute", advantage_scale="paper", **BASE)
     for advantage_scale in ("bounded", "matched"):  # these honour it
         assert CAPOConfig(scale_rewards=scale, advantage_scale=advantage_scale, **BASE).scale_rewards == \
             {False: "none"}.get(scale, scale)
