@@ -16,6 +16,7 @@ args = CAPOConfig(
     output_dir=out_dir, per_device_train_batch_size=2, num_generations=4, max_completion_length=6, max_steps=3,
     learning_rate=1e-2, bf16=False, use_cpu=True, report_to="none", gradient_checkpointing=False,
     save_strategy="no", logging_steps=1, seed=3, noise_mask=True, ref_high=1e6, ref_low=1.0, ref_cache_size=0,
+    tau=0.6, tau_mode="absolute", advantage_scale="paper",  # the paper's advantage, which the check computes by hand
 )
 trainer = CAPOTrainer(model=model_dir, reward_funcs=digit_reward, args=args, train_dataset=tiny_dataset())
 acc = trainer.accelerator

@@ -316,7 +316,7 @@ def test_calibrate_mask_updates_only_the_lines_of_its_keys(monkeypatch, capsys, 
     assert yaml.safe_load(text) == {"learning_rate": 1e-6, **written, "ref_high": 1.8, "ref_low": 1.02, **tau}
     created = tmp_path / "new.yaml"
     assert main(["calibrate-mask", "--write_config", str(created)]) == 0
-    assert yaml.safe_load(created.read_text())["tau"] == 0.25
+    assert yaml.safe_load(created.read_text())["tau"] == tau.get("tau", RECOMMENDED["tau"])
 
 
 def test_calibrate_mask_says_when_the_recipe_keeps_the_mask_off(monkeypatch, capsys, tmp_path):
