@@ -164,9 +164,9 @@ def add_calibrate_mask_parser(subparsers) -> None:
     p.add_argument("--template", default=None, choices=TEMPLATES, help=TEMPLATE_HELP)
     p.add_argument("--device", default=None, help="e.g. cuda, cuda:1, cpu (default: cuda if available)")
     p.add_argument("--write_config", default=None, metavar="YAML",
-                   help="write the recommended CAPO configuration (docs/config.md) with the measured tau, ref_high "
-                        "and ref_low into this YAML recipe (created if missing; only those lines change, comments "
-                        "are kept)")
+                   help="write the recommended CAPO configuration (docs/config.md) with the measured ref_high and "
+                        "ref_low, and the measured tau where the recommendation's tau is absolute, into this YAML "
+                        "recipe (created if missing; only those lines change, comments are kept)")
     p.set_defaults(func=run_calibrate_mask)
 
 
