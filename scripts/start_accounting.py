@@ -107,7 +107,8 @@ def truncation(folder: Path, recipe_path: Path, preset: str | None = None) -> di
     kinds = {"right": mixed & (R >= 0.5), "wrong_finished": mixed & (R < 0.5) & finished,
              "wrong_unfinished": mixed & (R < 0.5) & ~finished}
     shown = recipe_path.resolve().relative_to(ROOT) if recipe_path.resolve().is_relative_to(ROOT) else recipe_path
-    report = {"recipe": str(shown), **({"preset": preset} if preset else {}), "samples": len(rows), "mixed_groups": int(mixed.sum()) // G,
+    report = {"recipe": str(shown), **({"preset": preset} if preset else {}), "samples": len(rows),
+              "mixed_groups": int(mixed.sum()) // G,
               "mixed_groups_with_unfinished": int((mixed & ~finished).view(-1, G).any(1).sum()),
               "n/unfinished": int((mixed & ~finished).sum()),
               **{f"n/{k}": int(m.sum()) for k, m in kinds.items()},
@@ -122,13 +123,9 @@ def truncation(folder: Path, recipe_path: Path, preset: str | None = None) -> di
     return report
 
 
-def _presets() -> dict:
+def main(argv: list[str]) -> int:
     from capo_trl.harness.presets import PRESETS
 
-    return PRESETS
-
-
-def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      allow_abbrev=False)
     sub = parser.add_subparsers(dest="what", required=True)
@@ -144,8 +141,9 @@ def main(argv: list[str]) -> int:
     t.add_argument("--ref_low", type=float, required=True)
     c = sub.add_parser("truncation", allow_abbrev=False)
     c.add_argument("--recipe", type=Path, required=True, help="a CAPO recipe: its groups per batch and CAPO settings")
-    c.add_argument("--preset", default=None, choices=sorted(_presets()), help="a capo-trl preset (e.g. capo, the embedded one) whose CAPO fields "
-                   "replace the recipe's (default: none, the recipe's own)")
+    c.add_argument("--preset", default=None, choices=sorted(PRESETS),
+                   help="a capo-trl preset (e.g. capo, the embedded one) whose CAPO fields replace the recipe's "
+                        "(default: none, the recipe's own)")
     for p in (t, c):
         p.add_argument("--eval", type=Path, required=True, help="the folder `capo-trl eval --out` wrote (samples.csv)")
     for p in (m, t, c):
