@@ -37,6 +37,8 @@ from capo_trl.rewards import math_accuracy_reward
 TOP4 = [f"layers.{layer}.{module}" for layer in range(26, 30) for module in (
     "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
     "mlp.down_proj")]
+# the "CAPO recipe" variants: the recipe's method block when docs/training.md measured them, the embedded preset's
+# (no noise mask); the recipe now has the paper's settings, the "CAPO paper settings" variant
 CAPO = dict(advantage_estimator="capo", tau=0.5, tau_mode="relative", advantage_scale="matched", noise_mask=False)
 # CAPOConfig's defaults, the paper's settings: the noise mask adds a reference forward to every step
 PAPER = dict(advantage_estimator="capo", tau=0.6, tau_mode="absolute", advantage_scale="paper", noise_mask=True,

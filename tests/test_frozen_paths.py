@@ -4,7 +4,9 @@ The check: the committed source of each frozen commit (``git archive``) and toda
 four steps with the SmolLM2 GRPO recipe's trainer settings (GRPO's advantages, LoRA, mask_truncated_completions,
 beta 0, constant learning rate, both prompt sharings, tied rows skipped), each in a fresh process on this machine;
 every logged number and every trained weight must be equal, bit for bit. The recipe's settings themselves are
-compared too. A clone without the history cannot run this check: the test then fails (it never skips).
+compared too, but for its CAPO fields: the GRPO twin carries the CAPO recipe's, inert under GRPO, so each side
+trains with its own (the check that they are inert). A clone without the history cannot run this check: the test
+then fails (it never skips).
 """
 
 import json
@@ -24,8 +26,10 @@ RECIPE = "examples/recipes/grpo-smollm2-135m-lora-cpu.yaml"
 FROZEN = {"smollm2-study": "5926248", "smollm2-lr-study": "6e1a6d1"}
 # the flags those studies' GRPO arms passed over the recipe of their commit
 FLAGS = {"smollm2-study": {"mask_truncated_completions": True}, "smollm2-lr-study": {"learning_rate": 3e-4}}
+# the CAPO fields the GRPO twin carries (its CAPO twin's, inert under grpo): each side trains with its own
+CAPO_KEYS = ("tau", "tau_mode", "advantage_scale", "noise_mask", "ref_high", "ref_low")
 # read by the recipe's trainer settings: what the tiny run copies from it (the model, data and CPU lines aside)
-TRAINER_KEYS = ("advantage_estimator", "tau", "tau_mode", "advantage_scale", "noise_mask", "num_generations",
+TRAINER_KEYS = ("advantage_estimator", "num_generations",
                 "temperature", "mask_truncated_completions", "beta", "lr_scheduler_type", "warmup_steps",
                 "share_prompt_prefill", "share_prompt_in_loss", "skip_zero_advantage_rows", "lora_dropout")
 
@@ -82,10 +86,13 @@ def test_grpo_trains_as_at_the_studys_frozen_commit(study, tmp_path):
     then = {**recipe_at(FROZEN[study]), **FLAGS[study]}
     now = {**recipe_at(None), **FLAGS[study]}
     assert {k: then.get(k) for k in TRAINER_KEYS} == {k: now.get(k) for k in TRAINER_KEYS}
-    settings = {k: now[k] for k in TRAINER_KEYS if k != "lora_dropout"}
-    settings["num_generations"] = 4  # a tiny batch: 4 prompts x 4 samples
-    old = trained(source_at(FROZEN[study], tmp_path / "old"), settings)
-    new = trained(ROOT / "src", settings)
+    assert now["advantage_estimator"] == "grpo"
+
+    def settings(recipe):
+        return {**{k: recipe[k] for k in TRAINER_KEYS + CAPO_KEYS if k in recipe and k != "lora_dropout"},
+                "num_generations": 4}  # a tiny batch: 4 prompts x 4 samples
+    old = trained(source_at(FROZEN[study], tmp_path / "old"), settings(then))
+    new = trained(ROOT / "src", settings(now))
     ignore = {"capo/answered_truncated_frac", "capo/truncated_adv_share", "capo/truncated_adv_share_grpo"}  # logged since
     new["logs"] = [{k: v for k, v in row.items() if k not in ignore} for row in new["logs"]]
     assert new == old

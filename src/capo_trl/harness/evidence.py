@@ -205,7 +205,16 @@ REAL_LR_RESULT: dict | None = {
               "capo": {"auroc": 0.735, "auroc_question": 0.74, "accuracy": 0.464}}}
 # The study of the screening pilot's pick at its look, as measure_real() gives it (None before it): the demo prints
 # its words and the recommendation its protocol's rule gives (tests/test_tasks.py checks it against the files).
-PICK_RESULT: dict | None = None
+PICK_RESULT: dict | None = {"look": True, "seeds": 13, "level": 0.95, "start": None, "grpo": 0.807, "nomask": 0.813,
+    "primary": (0.006, -0.008, 0.02), "p": 0.3739, "flip_p": 0.3853, "above": 7, "holds": False,
+    "stopped": "at its final look", "collapsed": {"grpo-lr3e-4": 0, "capo-paper-lr3e-4": 0},
+    "secondary": [("auroc_question", "capo-paper-lr3e-4", "grpo-lr3e-4", 0.028, -0.005, 0.06, 0.3539),
+                  ("ece", "capo-paper-lr3e-4", "grpo-lr3e-4", -0.001, -0.015, 0.012, 0.9414),
+                  ("e_aurc", "capo-paper-lr3e-4", "grpo-lr3e-4", 0.004, -0.008, 0.016, 0.9414),
+                  ("accuracy", "capo-paper-lr3e-4", "grpo-lr3e-4", -0.006, -0.019, 0.007, 0.9414)],
+    "accuracy": {"capo-paper-lr3e-4": (-0.006, -0.019, 0.007)}, "undefined": [], "defined_only": None,
+    "means": {"grpo": {"auroc": 0.807, "auroc_question": 0.681, "accuracy": 0.522},
+              "capo": {"auroc": 0.813, "auroc_question": 0.709, "accuracy": 0.516}}}
 # Its replication on addition-guess-half at its look (None before it), printed beside it, checked the same way.
 REPLICATION_RESULT: dict | None = None
 REAL_PENDING = (

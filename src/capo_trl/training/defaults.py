@@ -11,11 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# The one CAPO configuration recommended for a real model nobody here has measured (e.g. Qwen2.5-Math-1.5B;
-# docs/config.md, "Recommended configuration", gives the reasons and limits): the paper's settings, whose
-# values were chosen on that model, with the guard on. They are CAPOConfig's defaults (noise_mask None = on for
-# CAPO), the README's drop-in, the Qwen recipes (7B: the paper's tau 0.5), the `capo-recommended` preset, and
-# the fields `capo-trl calibrate-mask --write_config` writes (with tau and thresholds measured on your model).
+# The one CAPO configuration recommended for a real model (docs/config.md, "Recommended configuration", gives the
+# reasons and limits): the paper's settings, whose values were chosen on the paper's models, with the guard on.
+# They are CAPOConfig's defaults (noise_mask None = on for CAPO), the README's drop-in, the Qwen recipes (7B: the
+# paper's tau 0.5), the SmolLM2 CAPO recipe, the `capo-recommended` preset, and the fields `capo-trl calibrate-mask
+# --write_config` writes (with tau and thresholds measured on your model). On the one real model we trained,
+# SmolLM2-135M-Instruct, CAPO with these settings was not shown to rank answers across questions differently from
+# GRPO at 3e-4 (docs/results/smollm2-pick-study/: pooled AUROC +0.006 [-0.008, +0.020], accuracy -0.6 points
+# [-1.9, +0.7]): no CAPO configuration kept calibration better than GRPO there, and these settings did the least
+# harm (the embedded preset's: -0.070 [-0.106, -0.034]), so by that study's rule they stay the recommendation.
 # On the embedded task these settings (arm C, guard off) matched GRPO on every endpoint.
 RECOMMENDED = dict(advantage_estimator="capo", tau=0.6, tau_mode="absolute", advantage_scale="paper",
                    noise_mask=True, noise_mask_guard=True, ref_thresholds="fixed", ref_high=2.5, ref_low=1.05)
