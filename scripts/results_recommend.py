@@ -18,8 +18,9 @@ RECOMMENDATION = {
     "tau": ("the paper chose 0.6 on Qwen2.5-Math-1.5B (0.5 on 7B; its results moved < 1 point over tau 0.4, 0.6, "
             "1.0); `capo-trl calibrate-mask --write_config recipe.yaml` measures your model's within-group score "
             "spread and writes it as an absolute tau",
-            "measured by us on a real model in the exploratory screen and the confirmatory study above (one model, one task, 3e-4); tau must be of the order of `capo/score_spread`: check it in the "
-            "first steps (ten times the spread makes CAPO a rescaled Dr. GRPO)"),
+            "measured by us on a real model in the exploratory screen and the confirmatory study above (one model, "
+            "one task, 3e-4); tau must be of the order of `capo/score_spread`: check it in the first steps (ten "
+            "times the spread makes CAPO a rescaled Dr. GRPO)"),
     "tau_mode": ("tau in nats is the paper's form, and what `calibrate-mask` writes",
                  "`\"relative\"` (tau in units of the batch's spread) is the embedded tiny model's setting, "
                  "whose absolute spread (~0.06 nats) is far below the paper's tau; on a real model we ran it in "
@@ -56,8 +57,8 @@ def render_recommended() -> str:
     real = real_result()
     lines = ["**Recommended for a real model** (one configuration, `capo_trl.training.defaults.RECOMMENDED`: "
              "`CAPOConfig`'s defaults, the `capo-recommended` preset, the SmolLM2 and `capo-qwen2.5-math-*` "
-             "recipes). The evidence is the paper's runs on its models, ours on tiny models on CPU, and on a real model, "
-             "SmolLM2-135M-Instruct (dequantised from Q4_1) on two-digit addition: two studies of CAPO with the "
+             "recipes). The evidence is the paper's runs on its models, ours on tiny models on CPU, and on a real "
+             "model, SmolLM2-135M-Instruct (dequantised from Q4_1) on two-digit addition: two studies of CAPO with the "
              "embedded preset's relative tau and matched scale (the first in the mask line), and "
              f"{evidence_screen.screen_words(screen_result(), '3e-4', pick_result()['look'])}.", ""]
     screen, pick = screen_result(), pick_result()
