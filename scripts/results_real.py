@@ -322,8 +322,9 @@ def _push(logs: list[dict]) -> float | None:
     return sum(x["capo/truncated_adv_share"] for x in logs) / grpo if grpo < 0 else None
 
 
-def render_screen_drift(name: str = "smollm2-screen") -> str:
-    """Exploratory, per run of the screening pilot as each finishes: when the trainer's drift rule
+def render_drift(name: str = "smollm2-screen") -> str:
+    """Exploratory, per run of a study's own runs (the screening pilot's, the pick study's) as each finishes: when
+    the trainer's drift rule
     (capo_trl.training.monitor.DriftWatch) holds, replayed from the run's logged 5-step means of the signals it
     reads, against when every completion first ran to the limit; and the push against truncated completions
     (the run's logged shares summed, over GRPO's on the same batches)."""
@@ -353,7 +354,11 @@ def render_screen_drift(name: str = "smollm2-screen") -> str:
     if not drifted and not others:
         return out
     early = sum(lead is not None and lead >= 20 for _, _, lead in drifted)
-    return out + (f"\nOf the {len(drifted) + len(others)} runs finished, {len(drifted)} drifted (the pilot's rule); the "
+    if not drifted:
+        return out + (f"\nOf the {len(others)} runs finished, none drifted (a window of only truncated completions, "
+                      f"or collapsed at test); the rule warned in {sum(w is not None for w, _, _ in others)} of them.\n")
+    rule = "the pilot's rule" if pilot.kind == "pilot" else "a window of only truncated completions, or collapsed at test"
+    return out + (f"\nOf the {len(drifted) + len(others)} runs finished, {len(drifted)} drifted ({rule}); the "
                   f"rule warned before {sum(lead is not None for _, _, lead in drifted)} of them, 20 steps or more "
                   f"before for {early}, and it warned in {sum(w is not None for w, _, _ in others)} of the other "
                   f"{len(others)} (a run that collapsed only at test counts from its last step).\n")
@@ -382,7 +387,8 @@ REAL_RENDER = {"smollm2-start": render_real_start, "smollm2-start-mask": render_
                "smollm2-study-stuck": render_real_stuck,
                "smollm2-tied": render_real_tied, "smollm2-lr": render_real_lr,
                "smollm2-lr-study": lambda: render_real_study(REAL_LR_STUDY),
-               "smollm2-lr-study-words": render_real_lr_words, "smollm2-screen-drift": render_screen_drift,
+               "smollm2-lr-study-words": render_real_lr_words, "smollm2-screen-drift": render_drift,
                "smollm2-pick-study": lambda: render_real_study(PICK_STUDY), "smollm2-pick-study-words": render_pick_words,
+               "smollm2-pick-study-drift": lambda: render_drift(PICK_STUDY),
                "smollm2-pick-guess-half": lambda: render_real_study(REPLICATION),
                "smollm2-pick-guess-half-words": render_replication_words}

@@ -27,10 +27,30 @@ def test_each_finished_run_gives_its_warning_and_its_drift(tmp_path, monkeypatch
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({**base, "train": train}))
     monkeypatch.setattr(real, "study", lambda name: study)
-    block = real.render_screen_drift()
+    block = real.render_drift()
     # steps 16-25 average 0.035 >= twice the first 10 steps' 0.02, but under the 0.1 floor; steps 21-30 average 0.125
     assert "| `capo-paper` | 100 | 30 | 60 | 30 | 1.00 | 0.05 | 0.05 |" in block
     assert "| `capo-paper-answer` | 100 | no | no | - | 0.30 | 1.00 | 1.00 |" in block
     assert "| `capo-paper-nomask` | 100 | not run yet |" in block
     assert ("Of the 2 runs finished, 1 drifted (the pilot's rule); the rule warned before 1 of them, 20 steps or "
             "more before for 1, and it warned in 0 of the other 1") in block
+
+
+def test_a_study_where_no_run_drifted_says_so_and_counts_its_warnings(tmp_path, monkeypatch):
+    """The pick study's page renders the same block: there no run drifted, and the sentence says how many warned."""
+    real = load_script("results_real")
+    pilot = real.study("smollm2-screen")
+    study = dataclasses.replace(pilot, folder=tmp_path / "docs" / "results" / "smollm2-screen")
+    (tmp_path / "pyproject.toml").write_text("")
+    base = {"accuracy": 0.3, "auroc": 0.8, "auroc_question": 0.7, "mean_tokens": 24.0, "finished_frac": 0.9,
+            "global_step": 100}
+    quiet = [log(5 * (i + 1), 0.05, -0.2) for i in range(20)]
+    rising = [log(5 * (i + 1), 0.02 if i < 4 else 0.3, -0.01) for i in range(20)]  # warns, never all truncated
+    for arm, train in (("capo-paper", quiet), ("capo-paper-answer", rising)):
+        path = study.record_path(arm, 100)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({**base, "train": train}))
+    monkeypatch.setattr(real, "study", lambda name: study)
+    block = real.render_drift()
+    assert ("Of the 2 runs finished, none drifted (a window of only truncated completions, or collapsed at test); "
+            "the rule warned in 1 of them.") in block
