@@ -366,10 +366,12 @@ def render_drift(name: str = "smollm2-screen") -> str:
 
 def render_pick_words() -> str:
     """The study of the screening pilot's pick in words, and from its look what the library recommends for a real
-    model by its protocol's rule (capo_trl.harness.evidence_verdict.pick_paragraphs), from its committed files."""
+    model by its protocol's rule (capo_trl.harness.evidence_verdict.pick_paragraphs), and from its own look the
+    replication's words beside them, from their committed files."""
     from capo_trl.harness import evidence_verdict
 
-    return evidence_verdict.pick_paragraphs(pick_result(), real_lr_result(), screen_result()["pick"])
+    return evidence_verdict.pick_paragraphs(pick_result(), real_lr_result(), screen_result()["pick"],
+                                            replication_result())
 
 
 def render_replication_words() -> str:

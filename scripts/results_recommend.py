@@ -64,10 +64,7 @@ def render_recommended() -> str:
     screen, pick = screen_result(), pick_result()
     if pick["look"]:  # the pick study's protocol: from its look, every endpoint and what its rule recommends,
         # with the replication's result beside it from its own look (each paragraph its own)
-        said = evidence_verdict.pick_paragraphs(pick, real_lr_result(), screen["pick"])
-        replication = replication_result()
-        if replication["look"]:
-            said += "\n" + evidence.replication_words(replication, screen["pick"])
+        said = evidence_verdict.pick_paragraphs(pick, real_lr_result(), screen["pick"], replication_result())
         lines += [line for paragraph in said.strip("\n").split("\n\n") for line in (paragraph, "")]
     for name, (why, limits) in RECOMMENDATION.items():
         if name == "noise_mask":

@@ -21,7 +21,7 @@ import sys
 import textwrap
 
 from results_common import RESULTS, ROOT, study, summary, table
-from results_real import REAL_RENDER, pick_result, real_lr_result, real_result, screen_result
+from results_real import REAL_RENDER, pick_result, real_lr_result, real_result, replication_result, screen_result
 from results_recommend import render_recommended
 
 from capo_trl.harness.paired import holm, paired_test, t_power
@@ -311,13 +311,14 @@ def study_words(task: str) -> str:
 
 def render_first_screen() -> str:
     """The README's first screen: the configuration to use and its evidence per model kind
-    (capo_trl.harness.first_screen), from the tiny models' study and the real model's, measured from files."""
+    (capo_trl.harness.first_screen), from the tiny models' study and the real model's (the replication's from its
+    look), measured from files."""
     from capo_trl.harness import evidence, first_screen
     from capo_trl.training.defaults import RECOMMENDED
 
     real = {"1e-3": real_result(), "3e-4": real_lr_result()}
     return first_screen.first_screen(evidence.measure(study(MASK_STUDY)), real, RECOMMENDED, screen_result(),
-                                     pick_result())
+                                     pick_result(), replication_result())
 
 
 # The exploratory pilot's compare runs per budget, in the order they ran (protocol.md and its amendments).

@@ -82,7 +82,7 @@ def test_the_real_models_sentence_follows_each_studys_interval_once_it_has_its_l
     assert "has not ranked answers across questions better" in across and "one question" not in across
     worse = said((-0.05, -0.09, -0.01))  # the first study's verdict too: said once for both rates
     assert ("ranked answers across questions worse than GRPO at learning rate 1e-3 (pooled AUROC 0.560 against "
-            "GRPO's 0.728") in worse and "and at 3e-4 (pooled AUROC 0.750" in worse
+            "GRPO's 0.728) and at 3e-4 (0.750 against 0.700)") in worse  # the label once
 
 
 def test_the_real_models_sentence_gives_the_screens_means_and_pick_never_a_verdict():
@@ -114,9 +114,9 @@ PICKED = dict(advantage_estimator="capo", tau=0.6, tau_mode="absolute", advantag
               noise_mask_guard=True, ref_thresholds="fixed", ref_high=2.5, ref_low=1.05)
 
 
-def pick_screen(primary, holds=True, recommended=PICKED):
+def pick_screen(primary, holds=True, recommended=PICKED, replication=None):
     """The first screen with the pick study at its look (written before it): a made-up result for the pick, the
-    committed results for everything else."""
+    committed results for everything else (the replication: none, or the one given)."""
     from capo_trl.harness import evidence, evidence_screen
     from capo_trl.harness.first_screen import first_screen
 
@@ -125,7 +125,7 @@ def pick_screen(primary, holds=True, recommended=PICKED):
             "collapsed": {"grpo-lr3e-4": 0, "capo-paper-lr3e-4": 1}}
     real = {"1e-3": evidence.REAL_RESULT, "3e-4": evidence.REAL_LR_RESULT}
     return first_screen(evidence.STUDY_RESULTS["guess-half"], real, recommended,
-                        evidence_screen.SCREEN_RESULT, pick)
+                        evidence_screen.SCREEN_RESULT, pick, replication)
 
 
 def test_at_the_pick_studys_look_the_first_screen_gives_its_result_and_the_rules_recommendation():
@@ -159,3 +159,47 @@ def test_at_the_pick_studys_look_the_first_screen_gives_its_result_and_the_rules
         rest = first_screen().replace(BLOCK.search(first_screen())[1], screen)  # it still fits the first screen
         assert len(rest.splitlines()) <= 40, len(rest.splitlines())
         assert not re.search(r"\[[+-]?\d|Holm|p =|relative tau|matched scale", screen)
+
+
+# A made-up replication at its look, with the longest numbers it can print (two-digit accuracies and drift counts)
+REPLICATED = {"look": True, "seeds": 13, "holds": False, "primary": (0.01, -0.01, 0.03),
+              "means": {"grpo": {"auroc": 0.701, "auroc_question": 0.612, "accuracy": 0.301},
+                        "capo": {"auroc": 0.733, "auroc_question": 0.64, "accuracy": 0.299}},
+              "accuracy": {"capo-paper-lr3e-4": (-0.002, -0.02, 0.016)},
+              "collapsed": {"grpo-lr3e-4": 10, "capo-paper-lr3e-4": 12}}
+
+
+def test_from_the_replications_look_its_result_stands_beside_the_pick_studys_and_never_contradicts_it():
+    """The replication's protocol ("Reporting"), its words written before its look: after the pick study's clause,
+    its verdict, pooled AUROC, accuracy and drifted runs. Where its primary holds above 0 and the pick study's did
+    not, the first and last lines say so (one confirmatory study of two) rather than that nothing kept calibration
+    better; otherwise they stay the pick study's. Every case still fits the first screen."""
+    from capo_trl.harness import evidence
+
+    not_kept = (0.006, -0.008, 0.02)  # the pick study's committed verdict: no difference shown
+    assert pick_screen(not_kept, False, replication={"look": False}) == pick_screen(not_kept, False)
+    clause = ("replicated where half the items hide an operand, it {}: pooled AUROC 0.733 against 0.701, accuracy "
+              "29.9% against 30.1%, drifted 12 of 13 (GRPO's: 10). CAPO as on the tiny models")
+    for primary, holds, said in (((0.01, -0.01, 0.03), False, "was not shown to rank answers across questions "
+                                  "differently from GRPO"),
+                                 ((-0.03, -0.05, -0.01), True, "ranked answers across questions worse than GRPO"),
+                                 ((0.03, 0.01, 0.05), True, "ranked answers across questions better than GRPO")):
+        screen = pick_screen(not_kept, False, replication={**REPLICATED, "primary": primary, "holds": holds})
+        flat = " ".join(screen.split())
+        assert "1 of 13 (GRPO's: 0); " + clause.format(said) in flat, flat  # pick_screen's made-up drift
+        if primary[1] > 0:
+            assert flat.startswith("**What to use:** `CAPOConfig()` as it comes, the paper's settings (`tau=0.6`")
+            assert ("On a real model CAPO with the paper's settings kept calibration better than GRPO in one "
+                    "confirmatory study of two.") in flat and "no CAPO configuration" not in flat
+            assert "So on a real model CAPO kept calibration better than GRPO in one confirmatory study of two:" in flat
+        else:
+            assert flat.startswith("**What to use:** no CAPO configuration kept calibration better than GRPO on a real "
+                                   "model; the one that did least harm there is `CAPOConfig()` as it comes")
+            assert "So in a confirmatory study on a real model no CAPO configuration has kept" in flat
+        rest = first_screen().replace(BLOCK.search(first_screen())[1], screen)
+        assert len(rest.splitlines()) <= 40, len(rest.splitlines())
+        assert not re.search(r"\[[+-]?\d|Holm|p =|relative tau|matched scale", screen)
+    kept = " ".join(pick_screen((0.03, 0.01, 0.05), replication=REPLICATED).split())  # the pick study's own words
+    assert "So on a real model CAPO with the paper's settings kept calibration better than GRPO in a confirmatory" in kept
+    assert "drifted 12 of 13 (GRPO's: 10)" in kept
+    assert evidence.REPLICATION_RESULT is None or evidence.REPLICATION_RESULT["look"]  # set only at its look

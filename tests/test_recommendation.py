@@ -316,3 +316,37 @@ def test_from_the_pick_studys_look_the_recommendation_block_gives_it_and_what_it
     monkeypatch.setattr(module, "replication_result", lambda: replication)
     flat = " ".join(module.render_recommended().split())
     assert " ".join(evidence.replication_words(replication, "capo-paper").split()) in flat.split("- `tau=")[0]
+    assert flat.index(added) < flat.index("On `addition-guess-half`")  # beside the pick study's, after it
+
+
+def test_where_only_the_replication_kept_calibration_better_the_recommendation_is_scoped_to_addition():
+    """Written before the replication's look: the recommendation still follows the pick study's rule (the
+    replication's protocol), but if the replication's primary holds above 0 while the pick study's did not, the
+    sentence that nothing kept calibration better names two-digit addition and points to the replication; a
+    replication before its look, or one that does not hold above 0, leaves the sentence as it was."""
+    from capo_trl.harness import evidence, evidence_verdict
+
+    preset = evidence.REAL_LR_RESULT
+    pick = {**preset, "seeds": 13, "primary": (0.006, -0.008, 0.02), "holds": False,
+            "accuracy": {"capo-paper-lr3e-4": (-0.006, -0.019, 0.007)}}
+    rec = evidence_verdict.real_recommendation(pick, preset)
+    plain = evidence_verdict.recommendation_words(rec, "CAPO with the paper's settings")
+    assert plain.startswith("No CAPO configuration kept calibration better than GRPO on the real model.")
+    for replication in ({"look": False}, {**pick, "primary": (0.03, -0.01, 0.07), "holds": False},
+                        {**pick, "primary": (-0.03, -0.05, -0.01), "holds": True}):
+        assert evidence_verdict.recommendation_words(rec, "CAPO with the paper's settings", replication) == plain
+        assert not evidence_verdict.kept_better(replication)
+    held = {**pick, "primary": (0.03, 0.01, 0.05), "holds": True}
+    assert evidence_verdict.kept_better(held) and not evidence_verdict.kept_better(None)
+    words = evidence_verdict.recommendation_words(rec, "CAPO with the paper's settings", held)
+    assert words == ("On two-digit addition no CAPO configuration kept calibration better than GRPO on the real model. "
+                     "What did least harm there: CAPO with the paper's settings (pooled AUROC +0.006 [-0.008, +0.020] "
+                     "against GRPO, accuracy -0.006 [-0.019, +0.007]; measured on SmolLM2-135M-Instruct from a 4-bit "
+                     "quantised file, two-digit addition, learning rate 3e-4). Where half the items hide an operand, "
+                     "CAPO with the paper's settings kept calibration better than GRPO in the replication of that "
+                     "study (below).")
+    said = " ".join(evidence_verdict.pick_paragraphs(pick, preset, "capo-paper", held).split())
+    assert said.endswith(" ".join(evidence.replication_words(held, "capo-paper").split()))
+    assert " ".join(words.split()) in said
+    assert evidence_verdict.pick_paragraphs(pick, preset, "capo-paper", {"look": False}) == (
+        evidence_verdict.pick_paragraphs(pick, preset, "capo-paper"))

@@ -107,12 +107,10 @@ def test_the_demo_says_what_the_real_models_study_found():
     pick = evidence.measure_real(load_study(results / "smollm2-pick-study"))
     tail += "\n" + evidence_screen.screen_paragraph(screen, "3e-4", looked=pick["look"])
     assert evidence.PICK_RESULT == (pick if pick["look"] else None)  # filled in at its look, not before
-    if pick["look"]:
-        tail += "\n" + evidence_verdict.pick_paragraphs(pick, second, screen["pick"])
     replication = evidence.measure_real(load_study(results / "smollm2-pick-guess-half"))
     assert evidence.REPLICATION_RESULT == (replication if replication["look"] else None)
-    if replication["look"]:
-        tail += "\n" + evidence.replication_words(replication, screen["pick"])
+    if pick["look"]:  # with the replication's words from its look
+        tail += "\n" + evidence_verdict.pick_paragraphs(pick, second, screen["pick"], replication)
     for task in ("guess-half", "arithmetic", "guess"):
         text = said(demo_budget(task))
         assert text.endswith(evidence.real_words(r) + ("\n" + tail if tail else ""))

@@ -22,7 +22,7 @@ from . import runs
 from ..evaluation.plots import DEMO_PANELS
 from .driver import Study, run_study
 from .evidence import (PICK_RESULT, REAL_LR_RESULT, REAL_RESULT, REPLICATION_RESULT, STUDY_RESULTS, real_lr_words,
-                       real_words, replication_words, study_words)
+                       real_words, study_words)
 from .evidence_screen import SCREEN_RESULT, screen_paragraph
 from .evidence_verdict import pick_paragraphs
 from .paired import paired_interval
@@ -77,10 +77,9 @@ def evidence(budget: Budget) -> str:
     if REAL_LR_RESULT is not None and REAL_LR_RESULT["holds"]:
         text += "\n" + real_lr_words(REAL_LR_RESULT)
     text += "\n" + screen_paragraph(SCREEN_RESULT, "3e-4", looked=PICK_RESULT is not None)
-    if PICK_RESULT is not None:  # the screen's pick at its confirmatory look, and the recommendation it gives
-        text += "\n" + pick_paragraphs(PICK_RESULT, REAL_LR_RESULT, SCREEN_RESULT["pick"])
-    if REPLICATION_RESULT is not None:  # and its replication on addition-guess-half, from its own look
-        text += "\n" + replication_words(REPLICATION_RESULT, SCREEN_RESULT["pick"])
+    if PICK_RESULT is not None:  # the screen's pick at its confirmatory look, the recommendation it gives, and
+        # its replication on addition-guess-half from its own look
+        text += "\n" + pick_paragraphs(PICK_RESULT, REAL_LR_RESULT, SCREEN_RESULT["pick"], REPLICATION_RESULT)
     return text
 
 

@@ -7,14 +7,25 @@ this model, task and learning rate. Otherwise no CAPO configuration kept calibra
 model, and the recommendation is the one that did least harm: among the CAPO configurations with a confirmatory
 result against GRPO at 3e-4 (the preset's, from the second study, and the pick's), the one with the higher mean
 primary difference, stated with its interval and its accuracy difference.
+
+The replication of the pick's study (on `addition-guess-half`) does not change which configuration is recommended
+(its protocol); its result is given beside the pick study's, and where its primary holds above 0 while the pick
+study's did not, the sentence that nothing kept calibration better is scoped to two-digit addition, so that the two
+never contradict each other. Those words too were written before the replication's look.
 """
 
 from __future__ import annotations
 
-from .evidence import _fill, _iv, pick_words
+from .evidence import _fill, _iv, pick_words, replication_words
 from .evidence_screen import PICK_LABELS
 
 PRESET_LABEL = "CAPO with the embedded preset's settings (relative tau, matched scale, no noise mask)"
+
+
+def kept_better(r: dict | None) -> bool:
+    """Whether a real-model study, at its look, found the CAPO arm keeping pooled AUROC better than GRPO: its primary
+    holds and its interval lies above 0 (None, or a study before its look: no)."""
+    return bool(r is not None and r["look"] and r["holds"] and r["primary"][1] > 0)
 
 
 def real_recommendation(pick: dict, preset: dict) -> dict:
@@ -24,7 +35,7 @@ def real_recommendation(pick: dict, preset: dict) -> dict:
     ``config`` ("pick" or "preset") and that study's primary interval and accuracy difference."""
     if not (pick["look"] and preset["look"]):
         raise ValueError("the recommendation follows both studies' looks; one has not had it yet")
-    kept = bool(pick["holds"] and pick["primary"][1] > 0)
+    kept = kept_better(pick)
     # least harm: the higher mean primary difference (a tie, to three decimals, goes to the pick: it has the mask)
     config = "pick" if kept or pick["primary"][0] >= preset["primary"][0] else "preset"
     chosen = pick if config == "pick" else preset
@@ -32,25 +43,33 @@ def real_recommendation(pick: dict, preset: dict) -> dict:
     return {"kept": kept, "config": config, "primary": chosen["primary"], "accuracy": accuracy}
 
 
-def recommendation_words(rec: dict, pick_label: str) -> str:
-    """The recommendation in one plain sentence, for the README's first screen and the recommendation block."""
+def recommendation_words(rec: dict, pick_label: str, replication: dict | None = None) -> str:
+    """The recommendation in one plain sentence, for the README's first screen and the recommendation block
+    (``replication``: the replication's :func:`~capo_trl.harness.evidence.measure_real`, if it had its look)."""
     label = pick_label if rec["config"] == "pick" else PRESET_LABEL
     said = (f"pooled AUROC {_iv(rec['primary'])} against GRPO, accuracy {_iv(rec['accuracy'])}; measured on "
             "SmolLM2-135M-Instruct from a 4-bit quantised file, two-digit addition, learning rate 3e-4")
     if rec["kept"]:
         return f"On the real model, {label} kept calibration better than GRPO ({said})."
+    if kept_better(replication):
+        return (f"On two-digit addition no CAPO configuration kept calibration better than GRPO on the real model. What "
+                f"did least harm there: {label} ({said}). Where half the items hide an operand, {pick_label} kept "
+                "calibration better than GRPO in the replication of that study (below).")
     return (f"No CAPO configuration kept calibration better than GRPO on the real model. What did least harm: "
             f"{label} ({said}).")
 
 
-def pick_paragraphs(found: dict, preset: dict, pick: str) -> str:
+def pick_paragraphs(found: dict, preset: dict, pick: str, replication: dict | None = None) -> str:
     """The pick study's words (``found``: its :func:`~capo_trl.harness.evidence.measure_real`; ``pick``: the pilot's
-    arm) and, from its look, the recommendation its rule gives (``preset``: the second study at its look): what its
-    page renders and ``capo-trl demo`` prints."""
+    arm) and, from its look, the recommendation its rule gives (``preset``: the second study at its look), then from
+    the replication's own look its words (``replication``: its ``measure_real``): what the pick study's page and the
+    recommendation block render and ``capo-trl demo`` prints."""
     words = pick_words(found, pick)
     if not found["look"]:
         return words
-    return words + "\n" + _fill(recommendation_words(real_recommendation(found, preset), PICK_LABELS[pick]))
+    looked = replication if replication is not None and replication["look"] else None
+    words += "\n" + _fill(recommendation_words(real_recommendation(found, preset), PICK_LABELS[pick], looked))
+    return words + ("\n" + replication_words(looked, pick) if looked else "")
 
 
-__all__ = ["PRESET_LABEL", "pick_paragraphs", "real_recommendation", "recommendation_words"]
+__all__ = ["PRESET_LABEL", "kept_better", "pick_paragraphs", "real_recommendation", "recommendation_words"]

@@ -5,7 +5,9 @@ committed files).
 Its words at the look of the study of the screening pilot's pick were written before that look, as that study's
 protocol ("Reporting") says: the real model's sentence then gives the pick's confirmatory result, and the first and
 last lines say what :func:`capo_trl.harness.evidence_verdict.real_recommendation` recommends: plainly, if no CAPO
-configuration kept calibration better than GRPO. No interval or p-value here: the pages linked from it hold them.
+configuration kept calibration better than GRPO. The replication's result, from its own look, stands beside the
+pick study's (its protocol); those words were written before that look. No interval or p-value here: the pages
+linked from it hold them.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import textwrap
 
 from .evidence import field_values
 from .evidence_screen import PICK_LABELS, screen_words
-from .evidence_verdict import real_recommendation
+from .evidence_verdict import kept_better, real_recommendation
 
 
 def _said(r: dict) -> str:
@@ -54,32 +56,50 @@ def _pick_clause(pick: dict, screen: dict) -> str:
             f"{_said(pick)}: {_arms(pick)}; runs that drifted into answers that never end: {c} of {n} (GRPO's: {g})")
 
 
+def _replication_clause(rep: dict) -> str:
+    """The replication's confirmatory result, said after the pick's clause ("it": the pick)."""
+    (capo,) = rep["accuracy"]
+    (grpo,) = set(rep["collapsed"]) - {capo}
+    c, g, n = rep["means"]["capo"], rep["means"]["grpo"], rep["seeds"]
+    return (f"; replicated where half the items hide an operand, it {_said(rep)}: pooled AUROC "
+            f"{c['auroc']:.3f} against {g['auroc']:.3f}, accuracy {100 * c['accuracy']:.1f}% against "
+            f"{100 * g['accuracy']:.1f}%, drifted {rep['collapsed'][capo]} of {n} (GRPO's: {rep['collapsed'][grpo]})")
+
+
 def first_screen(tiny: dict, real: dict[str, dict], recommended: dict, screen: dict | None = None,
-                 pick: dict | None = None) -> str:
+                 pick: dict | None = None, replication: dict | None = None) -> str:
     """The README's first screen. ``tiny``: :func:`capo_trl.harness.evidence.measure` of the tiny models' study;
     ``real``: :func:`capo_trl.harness.evidence.measure_real` of each study of the embedded preset on the real model,
     by its learning rate, in the order they ran (a study before its look is left out); ``recommended``: the fields
     of :data:`capo_trl.training.defaults.RECOMMENDED`; ``screen``: the screening pilot
     (:func:`capo_trl.harness.evidence_screen.measure_screen`, None before its look); ``pick``: the study of its pick
-    (``measure_real``; before its look, the screen's clause stands in for it)."""
+    (``measure_real``; before its look, the screen's clause stands in for it); ``replication``: the replication of
+    that study on `addition-guess-half` (``measure_real``; said from its own look)."""
     looked = {rate: r for rate, r in real.items() if r["look"]}
 
     def primary(r):  # the recommended settings' clause gives both AUROCs and accuracy; these, the primary's means
         return f"pooled AUROC {r['means']['capo']['auroc']:.3f} against GRPO's {r['means']['grpo']['auroc']:.3f}"
     each = ", and ".join(f"at learning rate {rate} {_said(r)} ({primary(r)})" for rate, r in looked.items())
     if len(looked) > 1 and len({_said(r) for r in looked.values()}) == 1:  # one verdict: said once
-        each = f"{_said(next(iter(looked.values())))} at learning rate " + " and at ".join(
-            f"{rate} ({primary(r)})" for rate, r in looked.items())
+        (rate, r), *rest = looked.items()  # the label once: "(pooled AUROC x against GRPO's y) and at ... (x against y)"
+        each = f"{_said(r)} at learning rate {rate} ({primary(r)})" + "".join(
+            f" and at {rate} ({r['means']['capo']['auroc']:.3f} against {r['means']['grpo']['auroc']:.3f})"
+            for rate, r in rest)
     seeds = sorted({r["seeds"] for r in looked.values()})
     preset = (f"CAPO as on the tiny models ({' or '.join(map(str, seeds))} seeds{' each' if len(looked) > 1 else ''}) "
               f"{each}")
     use = f"**What to use:** {what_to_use(recommended)}."
     if pick is not None and pick["look"]:
         rec = real_recommendation(pick, real["3e-4"])
-        evidence = f"{_pick_clause(pick, screen)}. {preset}"
+        rep = replication if replication is not None and replication["look"] else None
+        evidence = f"{_pick_clause(pick, screen)}{_replication_clause(rep) if rep else ''}. {preset}"
         if rec["kept"]:
             so = (f"So on a real model {PICK_LABELS[screen['pick']]} kept calibration better than GRPO in a "
                   "confirmatory study")
+        elif kept_better(rep):  # the replication held above 0 where the pick study did not: each said as it is
+            use = (f"**What to use:** {what_to_use(recommended)}. On a real model {PICK_LABELS[screen['pick']]} "
+                   "kept calibration better than GRPO in one confirmatory study of two.")
+            so = "So on a real model CAPO kept calibration better than GRPO in one confirmatory study of two"
         else:
             use = (f"**What to use:** no CAPO configuration kept calibration better than GRPO on a real model; the "
                    f"one that did least harm there is {what_to_use(recommended)}.")
@@ -106,7 +126,7 @@ def first_screen(tiny: dict, real: dict[str, dict], recommended: dict, screen: d
         "",
         f"{so}: compare the two on yours ([`docs/studies.md`](docs/studies.md)).",
     ]
-    return "\n".join(textwrap.fill(line, width=110, subsequent_indent="  " if line.startswith("- ") else "",
+    return "\n".join(textwrap.fill(line, width=115, subsequent_indent="  " if line.startswith("- ") else "",
                                     break_on_hyphens=False, break_long_words=False) for line in lines) + "\n"
 
 
