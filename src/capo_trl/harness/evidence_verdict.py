@@ -22,10 +22,15 @@ from .evidence_screen import PICK_LABELS
 PRESET_LABEL = "CAPO with the embedded preset's settings (relative tau, matched scale, no noise mask)"
 
 
+def at_look(r: dict | None) -> dict | None:
+    """A study's result once it has had its look; None before it (or for no study)."""
+    return r if r is not None and r["look"] else None
+
+
 def kept_better(r: dict | None) -> bool:
     """Whether a real-model study, at its look, found the CAPO arm keeping pooled AUROC better than GRPO: its primary
     holds and its interval lies above 0 (None, or a study before its look: no)."""
-    return bool(r is not None and r["look"] and r["holds"] and r["primary"][1] > 0)
+    return bool(at_look(r) and r["holds"] and r["primary"][1] > 0)
 
 
 def real_recommendation(pick: dict, preset: dict) -> dict:
@@ -67,9 +72,9 @@ def pick_paragraphs(found: dict, preset: dict, pick: str, replication: dict | No
     words = pick_words(found, pick)
     if not found["look"]:
         return words
-    looked = replication if replication is not None and replication["look"] else None
+    looked = at_look(replication)
     words += "\n" + _fill(recommendation_words(real_recommendation(found, preset), PICK_LABELS[pick], looked))
     return words + ("\n" + replication_words(looked, pick) if looked else "")
 
 
-__all__ = ["PRESET_LABEL", "kept_better", "pick_paragraphs", "real_recommendation", "recommendation_words"]
+__all__ = ["PRESET_LABEL", "at_look", "kept_better", "pick_paragraphs", "real_recommendation", "recommendation_words"]

@@ -16,7 +16,7 @@ import textwrap
 
 from .evidence import field_values
 from .evidence_screen import PICK_LABELS, screen_words
-from .evidence_verdict import kept_better, real_recommendation
+from .evidence_verdict import at_look, kept_better, real_recommendation
 
 
 def _said(r: dict) -> str:
@@ -46,24 +46,33 @@ def what_to_use(recommended: dict) -> str:
     return f"`CAPOConfig()` as it comes{settings}, {mask})"
 
 
+def _drifted(r: dict) -> tuple[int, int]:
+    """A confirmatory study's collapsed runs: its CAPO arm's (the primary's), then GRPO's (the other arm counted)."""
+    (capo,) = r["accuracy"]
+    (grpo,) = set(r["collapsed"]) - {capo}
+    return r["collapsed"][capo], r["collapsed"][grpo]
+
+
+def _aurocs(r: dict) -> str:
+    """Both arms' mean pooled AUROC, CAPO's first, unlabelled."""
+    return f"{r['means']['capo']['auroc']:.3f} against {r['means']['grpo']['auroc']:.3f}"
+
+
 def _pick_clause(pick: dict, screen: dict) -> str:
     """The pick's confirmatory result as the real model's first clause (the screen, exploratory, named as its origin)."""
     label = PICK_LABELS[screen["pick"]]
-    (capo,) = pick["accuracy"]  # the primary's CAPO arm; the other arm counted is GRPO's
-    (grpo,) = set(pick["collapsed"]) - {capo}
-    n, c, g = pick["seeds"], pick["collapsed"][capo], pick["collapsed"][grpo]
+    n, (c, g) = pick["seeds"], _drifted(pick)
     return (f"{label}, picked by an exploratory screen, in a confirmatory study ({n} seeds, learning rate 3e-4) "
             f"{_said(pick)}: {_arms(pick)}; runs that drifted into answers that never end: {c} of {n} (GRPO's: {g})")
 
 
 def _replication_clause(rep: dict) -> str:
     """The replication's confirmatory result, said after the pick's clause ("it": the pick)."""
-    (capo,) = rep["accuracy"]
-    (grpo,) = set(rep["collapsed"]) - {capo}
-    c, g, n = rep["means"]["capo"], rep["means"]["grpo"], rep["seeds"]
-    return (f"; replicated where half the items hide an operand, it {_said(rep)}: pooled AUROC "
-            f"{c['auroc']:.3f} against {g['auroc']:.3f}, accuracy {100 * c['accuracy']:.1f}% against "
-            f"{100 * g['accuracy']:.1f}%, drifted {rep['collapsed'][capo]} of {n} (GRPO's: {rep['collapsed'][grpo]})")
+    c, g = rep["means"]["capo"], rep["means"]["grpo"]
+    (drifted, grpo_drifted) = _drifted(rep)
+    return (f"; replicated where half the items hide an operand, it {_said(rep)}: pooled AUROC {_aurocs(rep)}, "
+            f"accuracy {100 * c['accuracy']:.1f}% against {100 * g['accuracy']:.1f}%, drifted {drifted} of "
+            f"{rep['seeds']} (GRPO's: {grpo_drifted})")
 
 
 def first_screen(tiny: dict, real: dict[str, dict], recommended: dict, screen: dict | None = None,
@@ -81,17 +90,16 @@ def first_screen(tiny: dict, real: dict[str, dict], recommended: dict, screen: d
         return f"pooled AUROC {r['means']['capo']['auroc']:.3f} against GRPO's {r['means']['grpo']['auroc']:.3f}"
     each = ", and ".join(f"at learning rate {rate} {_said(r)} ({primary(r)})" for rate, r in looked.items())
     if len(looked) > 1 and len({_said(r) for r in looked.values()}) == 1:  # one verdict: said once
-        (rate, r), *rest = looked.items()  # the label once: "(pooled AUROC x against GRPO's y) and at ... (x against y)"
-        each = f"{_said(r)} at learning rate {rate} ({primary(r)})" + "".join(
-            f" and at {rate} ({r['means']['capo']['auroc']:.3f} against {r['means']['grpo']['auroc']:.3f})"
-            for rate, r in rest)
+        (first, r), *rest = looked.items()  # the label once: "(pooled AUROC x against GRPO's y) and at ... (x against y)"
+        each = f"{_said(r)} at learning rate {first} ({primary(r)})" + "".join(
+            f" and at {rate} ({_aurocs(later)})" for rate, later in rest)
     seeds = sorted({r["seeds"] for r in looked.values()})
     preset = (f"CAPO as on the tiny models ({' or '.join(map(str, seeds))} seeds{' each' if len(looked) > 1 else ''}) "
               f"{each}")
     use = f"**What to use:** {what_to_use(recommended)}."
     if pick is not None and pick["look"]:
         rec = real_recommendation(pick, real["3e-4"])
-        rep = replication if replication is not None and replication["look"] else None
+        rep = at_look(replication)
         evidence = f"{_pick_clause(pick, screen)}{_replication_clause(rep) if rep else ''}. {preset}"
         if rec["kept"]:
             so = (f"So on a real model {PICK_LABELS[screen['pick']]} kept calibration better than GRPO in a "
