@@ -323,11 +323,10 @@ def _push(logs: list[dict]) -> float | None:
 
 
 def render_drift(name: str = "smollm2-screen") -> str:
-    """Exploratory, per run of a study's own runs (the screening pilot's, the pick study's) as each finishes: when
-    the trainer's drift rule
-    (capo_trl.training.monitor.DriftWatch) holds, replayed from the run's logged 5-step means of the signals it
-    reads, against when every completion first ran to the limit; and the push against truncated completions
-    (the run's logged shares summed, over GRPO's on the same batches)."""
+    """Exploratory, per run of a study's own runs (the screening pilot's, the pick study's, its replication's) as
+    each finishes: when the trainer's drift rule (capo_trl.training.monitor.DriftWatch) holds, replayed from the
+    run's logged 5-step means of the signals it reads, against when every completion first ran to the limit; and
+    the push against truncated completions (the run's logged shares summed, over GRPO's on the same batches)."""
     from capo_trl.harness import study_report
     from capo_trl.training.monitor import replay_drift
 
@@ -393,4 +392,5 @@ REAL_RENDER = {"smollm2-start": render_real_start, "smollm2-start-mask": render_
                "smollm2-pick-study": lambda: render_real_study(PICK_STUDY), "smollm2-pick-study-words": render_pick_words,
                "smollm2-pick-study-drift": lambda: render_drift(PICK_STUDY),
                "smollm2-pick-guess-half": lambda: render_real_study(REPLICATION),
-               "smollm2-pick-guess-half-words": render_replication_words}
+               "smollm2-pick-guess-half-words": render_replication_words,
+               "smollm2-pick-guess-half-drift": lambda: render_drift(REPLICATION)}
