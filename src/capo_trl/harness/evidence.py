@@ -216,7 +216,16 @@ PICK_RESULT: dict | None = {"look": True, "seeds": 13, "level": 0.95, "start": N
     "means": {"grpo": {"auroc": 0.807, "auroc_question": 0.681, "accuracy": 0.522},
               "capo": {"auroc": 0.813, "auroc_question": 0.709, "accuracy": 0.516}}}
 # Its replication on addition-guess-half at its look (None before it), printed beside it, checked the same way.
-REPLICATION_RESULT: dict | None = None
+REPLICATION_RESULT: dict | None = {"look": True, "seeds": 13, "level": 0.95, "start": None, "grpo": 0.799,
+    "nomask": 0.836, "primary": (0.037, 0.016, 0.058), "p": 0.0021, "flip_p": 0.0015, "above": 12, "holds": True,
+    "stopped": "at its final look", "collapsed": {"grpo-lr3e-4": 0, "capo-paper-lr3e-4": 0},
+    "secondary": [("auroc_question", "capo-paper-lr3e-4", "grpo-lr3e-4", 0.058, 0.021, 0.095, 0.017),
+                  ("ece", "capo-paper-lr3e-4", "grpo-lr3e-4", -0.015, -0.025, -0.005, 0.017),
+                  ("e_aurc", "capo-paper-lr3e-4", "grpo-lr3e-4", -0.015, -0.028, -0.001, 0.0344),
+                  ("accuracy", "capo-paper-lr3e-4", "grpo-lr3e-4", -0.018, -0.029, -0.007, 0.017)],
+    "accuracy": {"capo-paper-lr3e-4": (-0.018, -0.029, -0.007)}, "undefined": [], "defined_only": None,
+    "means": {"grpo": {"auroc": 0.799, "auroc_question": 0.683, "accuracy": 0.299},
+              "capo": {"auroc": 0.836, "auroc_question": 0.741, "accuracy": 0.281}}}
 REAL_PENDING = (
     f"On a real model, {REAL_MODEL}, no calibration result for CAPO exists yet. Two pre-registered pilots found GRPO "
     "losing pooled AUROC on two-digit addition on 3 of 3 seeds once truncated completions were out of the loss "
