@@ -20,6 +20,8 @@ from dataclasses import dataclass
 # GRPO at 3e-4 (docs/results/smollm2-pick-study/: pooled AUROC +0.006 [-0.008, +0.020], accuracy -0.6 points
 # [-1.9, +0.7]): no CAPO configuration kept calibration better than GRPO there, and these settings did the least
 # harm (the embedded preset's: -0.070 [-0.106, -0.034]), so by that study's rule they stay the recommendation.
+# Its replication on addition-guess-half (docs/results/smollm2-pick-guess-half/) found them keeping pooled AUROC
+# better than GRPO: +0.037 [+0.016, +0.058], accuracy -1.8 points [-2.9, -0.7].
 # On the embedded task these settings (arm C, guard off) matched GRPO on every endpoint.
 RECOMMENDED = dict(advantage_estimator="capo", tau=0.6, tau_mode="absolute", advantage_scale="paper",
                    noise_mask=True, noise_mask_guard=True, ref_thresholds="fixed", ref_high=2.5, ref_low=1.05)
