@@ -1,4 +1,4 @@
-"""At a real-model study's look: write its result constant in src/capo_trl/harness/evidence.py from its records.
+"""At a real-model study's look: write its result constant in scripts/results_evidence.py from its records.
 
     python scripts/look_result.py smollm2-pick-guess-half REPLICATION_RESULT
 
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-EVIDENCE = ROOT / "src" / "capo_trl" / "harness" / "evidence.py"
+EVIDENCE = ROOT / "scripts" / "results_evidence.py"
 WIDTH = 116
 
 
@@ -97,7 +97,7 @@ def main(argv: list[str]) -> int:
         print(__doc__.strip().splitlines()[2], file=sys.stderr)
         return 2
     folder, name = argv
-    from capo_trl.harness import evidence
+    import results_evidence as evidence
     from capo_trl.harness.study import load_study
 
     result = evidence.measure_real(load_study(ROOT / "docs" / "results" / folder))

@@ -18,8 +18,8 @@ REPLICATION = "smollm2-pick-guess-half"  # its replication on addition-guess-hal
 
 @functools.cache
 def measured(name: str) -> dict:
-    """A real-model study as capo_trl.harness.evidence.measure_real gives it (once per study and run of this script)."""
-    from capo_trl.harness import evidence
+    """A real-model study as results_evidence.measure_real gives it (once per study and run of this script)."""
+    import results_evidence as evidence
 
     return evidence.measure_real(study(name))
 
@@ -42,24 +42,24 @@ def replication_result() -> dict:
 
 @functools.cache
 def screen_result() -> dict | None:
-    """The screening pilot as capo_trl.harness.evidence_screen.measure_screen gives it (None before its look)."""
-    from capo_trl.harness import evidence_screen
+    """The screening pilot as results_screen.measure_screen gives it (None before its look)."""
+    import results_screen as evidence_screen
 
     return evidence_screen.measure_screen(study(SCREEN_STUDY))
 
 
 def render_real_words() -> str:
-    """The real model's study in words (capo_trl.harness.evidence.real_words): before its look that no result exists
+    """The real model's study in words (results_evidence.real_words): before its look that no result exists
     and its safety reading (collapsed runs), every pre-registered endpoint after it, from its committed files."""
-    from capo_trl.harness import evidence
+    import results_evidence as evidence
 
     return evidence.real_words(real_result())
 
 
 def render_real_lr_words() -> str:
-    """The real model's second study in words (capo_trl.harness.evidence.real_lr_words): before its look that no
+    """The real model's second study in words (results_evidence.real_lr_words): before its look that no
     result exists, every pre-registered endpoint after it, from its committed files."""
-    from capo_trl.harness import evidence
+    import results_evidence as evidence
 
     return evidence.real_lr_words(real_lr_result())
 
@@ -365,17 +365,17 @@ def render_drift(name: str = "smollm2-screen") -> str:
 
 def render_pick_words() -> str:
     """The study of the screening pilot's pick in words, and from its look what the library recommends for a real
-    model by its protocol's rule (capo_trl.harness.evidence_verdict.pick_paragraphs), and from its own look the
+    model by its protocol's rule (results_verdict.pick_paragraphs), and from its own look the
     replication's words beside them, from their committed files."""
-    from capo_trl.harness import evidence_verdict
+    import results_verdict as evidence_verdict
 
     return evidence_verdict.pick_paragraphs(pick_result(), real_lr_result(), screen_result()["pick"],
                                             replication_result())
 
 
 def render_replication_words() -> str:
-    """The replication on addition-guess-half in words (capo_trl.harness.evidence.replication_words), from its files."""
-    from capo_trl.harness import evidence
+    """The replication on addition-guess-half in words (results_evidence.replication_words), from its files."""
+    import results_evidence as evidence
 
     return evidence.replication_words(replication_result(), screen_result()["pick"])
 

@@ -46,7 +46,9 @@ def render_recommended() -> str:
     """The one recommended configuration for a real model, with its evidence and limits per setting
     (capo_trl.training.defaults.RECOMMENDED and :data:`RECOMMENDATION`): the same block on every page that
     recommends."""
-    from capo_trl.harness import evidence, evidence_screen, evidence_verdict
+    import results_evidence as evidence
+    import results_screen as evidence_screen
+    import results_verdict as evidence_verdict
     from capo_trl.training.defaults import RECOMMENDED
 
     def kw(*names):

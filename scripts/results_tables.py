@@ -288,7 +288,7 @@ def render_testbed_robustness() -> str:
 
 
 MASK_STUDY = "guess-half-mask-study"
-# The confirmatory study of each test bed, whose words the pages and `capo-trl demo` give (capo_trl.harness.evidence).
+# The confirmatory study of each test bed, whose words the pages and `capo-trl demo` give (results_evidence).
 STUDY_OF_TASK = {"guess-half": MASK_STUDY, "guess-redraw": "guess-redraw-study"}
 
 
@@ -301,19 +301,20 @@ def render_mask_study() -> str:
 
 
 def study_words(task: str) -> str:
-    """A test bed's result in words with every pre-registered endpoint (capo_trl.harness.evidence, the rendering
+    """A test bed's result in words with every pre-registered endpoint (results_evidence, the rendering
     `capo-trl demo` prints), measured from the study's committed files: for README.md, docs/concepts.md, the results
     index and the study's page."""
-    from capo_trl.harness import evidence
+    import results_evidence as evidence
 
     return evidence.study_words(task, evidence.measure(study(STUDY_OF_TASK[task])))
 
 
 def render_first_screen() -> str:
     """The README's first screen: the configuration to use and its evidence per model kind
-    (capo_trl.harness.first_screen), from the tiny models' study and the real model's (the replication's from its
+    (results_first_screen), from the tiny models' study and the real model's (the replication's from its
     look), measured from files."""
-    from capo_trl.harness import evidence, first_screen
+    import results_evidence as evidence
+    import results_first_screen as first_screen
     from capo_trl.training.defaults import RECOMMENDED
 
     real = {"1e-3": real_result(), "3e-4": real_lr_result()}
@@ -467,6 +468,12 @@ def problems(write: bool = False) -> list[str]:
         if page.parent.parent == RESULTS:  # a study's page holds results: every table row of numbers is rendered
             found += [f"{name}: table row with numbers but no rendering block: {line}"
                       for line in unrendered_tables(text)]
+    import results_demo  # the file capo-trl demo reads its studies' numbers from, written from the same records
+
+    if write:
+        results_demo.DATA.write_text(results_demo.text())
+    elif results_demo.DATA.read_text() != results_demo.text():
+        found.append(f"{results_demo.DATA.relative_to(ROOT)} is stale: run python scripts/results_tables.py")
     return found
 
 

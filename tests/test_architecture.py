@@ -157,8 +157,10 @@ def test_scaling_imports_the_grader_only_lazily():
 
 
 def test_only_the_cli_imports_the_package_root_and_only_the_version():
+    """And the study freezer, which records the version a study's runs use."""
     users = {(src, name) for src, dst, _, _, name in EDGES if dst == "__init__.py" and src != "__main__.py"}
-    assert users == {("cli/main.py", "__version__")}
+    assert users == {("cli/main.py", "__version__"), ("cli/study_check.py", "__version__"),
+                     ("cli/study_run.py", "__version__"), ("harness/study_freeze.py", "__version__")}
 
 
 # ------------------------------------------------------------------------------------ the method boundary

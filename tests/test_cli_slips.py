@@ -63,7 +63,7 @@ def test_every_abbreviation_is_refused_naming_the_flag(words, short, flag, capsy
 def test_every_subcommand_is_walked():
     walked = {words for words, _, _ in slips()}
     assert {w[0] for w in walked} == {"eval", "demo", "compare", "calibrate-mask", "fetch-model", "study"}
-    assert {w[1] for w in walked if w[0] == "study"} == {"plan", "start", "run", "queue", "status", "report", "close"}
+    assert {w[1] for w in walked if w[0] == "study"} == {"plan", "check", "start", "run", "queue", "status", "report", "close"}
 
 
 def test_every_train_flag_abbreviated_is_refused_naming_it(capsys):
@@ -98,7 +98,7 @@ def test_every_train_flag_abbreviated_is_refused_naming_it(capsys):
      "capo-trl eval: unknown flag --dataset_nam; did you mean --dataset_name?"),
     (["evl"], "capo-trl: argument COMMAND: invalid choice: 'evl'; did you mean eval? choose from eval, demo, compare, "
               "calibrate-mask, train, fetch-model, study; see `capo-trl --help`."),
-    (["study", "ru", "x"], "capo-trl study: argument VERB: invalid choice: 'ru'; did you mean run? choose from plan, "
+    (["study", "ru", "x"], "capo-trl study: argument VERB: invalid choice: 'ru'; did you mean run? choose from plan, check, "
                            "start, run, queue, status, report, close; see `capo-trl study --help`."),
     (["eval", "--model", "m", "--dataset_name", "addition", "--out", "o", "--template", "qwen"],
      "capo-trl eval: argument --template: invalid choice: 'qwen'; did you mean qwen_math? choose from addition_chat, "

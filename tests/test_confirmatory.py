@@ -381,7 +381,7 @@ def test_the_second_studys_words_are_fixed_before_its_look(tmp_path, effect, ver
     """The README's words for the second study: before its look no result and no count (a finished run then changes
     only the study's own page); at it the verdict its interval supports, every endpoint, and its own undefined rule."""
 
-    from capo_trl.harness import evidence
+    import results_evidence as evidence
     from capo_trl.harness.study_report import analysis
 
     study = committed("smollm2-lr-study", tmp_path)
@@ -427,7 +427,7 @@ def test_the_pick_studys_words_are_fixed_before_its_look(tmp_path, effect, verdi
     """The words for the study of the screening pilot's pick, written before its look (a confirmatory study's
     records, here the second study's layout): no result and no count before the look; at it the verdict its interval
     supports, naming the pick's settings, and every secondary with its Holm p."""
-    from capo_trl.harness import evidence
+    import results_evidence as evidence
 
     study = committed("smollm2-lr-study", tmp_path)
     (tmp_path / "start.json").write_text((RESULTS / "smollm2-lr-study" / "start.json").read_text())
@@ -519,7 +519,7 @@ def write_real_study(folder, seeds_done, effect, noise=0.01):
 def test_the_real_study_words_follow_the_interval(tmp_path, effect, verdict, kind):
     """The words the README renders for the real model, fixed before the study's look: none before it; at it the
     verdict the primary's p and interval support, and every pre-registered endpoint."""
-    from capo_trl.harness import evidence
+    import results_evidence as evidence
 
     study = write_real_study(tmp_path / "smollm2-study", range(100, 111), effect)
     folder = study.folder
@@ -545,7 +545,7 @@ def test_the_real_study_words_follow_the_interval(tmp_path, effect, verdict, kin
 def test_the_recommendations_mask_line_says_what_the_real_study_found(tmp_path):
     """The recommendation's mask line gives each mask arm against CAPO without it with its Holm p, says which
     differences were not shown, calls them exploratory when the primary does not hold, and counts collapses."""
-    from capo_trl.harness import evidence
+    import results_evidence as evidence
 
     study = write_real_study(tmp_path / "smollm2-study", range(100, 112), 0.0, noise=0.001)
     folder = study.folder
@@ -566,7 +566,7 @@ def test_the_recommendations_mask_line_says_what_the_real_study_found(tmp_path):
 def test_the_real_study_safety_reading_counts_every_finished_run(tmp_path):
     """Before the look the README gives the protocol's collapse count over every finished run (complete seed or
     not) and nothing else: a run collapses at 30 mean tokens or more, or under half of its answers ending."""
-    from capo_trl.harness import evidence
+    import results_evidence as evidence
 
     study = write_real_study(tmp_path / "smollm2-study", [100, 101], 0.0)
     folder = study.folder
@@ -588,7 +588,7 @@ def test_the_real_study_safety_reading_counts_every_finished_run(tmp_path):
 def test_an_undefined_auroc_counts_as_the_amendment_says(tmp_path):
     """A run whose answers are all wrong has no AUROC (None in its record): the real study counts it as 0.5
     (amendment 1), lists it, and gives the primary again without its seed; a plan that does not say refuses."""
-    from capo_trl.harness import evidence
+    import results_evidence as evidence
 
     study = write_real_study(tmp_path / "smollm2-study", range(100, 112), 0.03)
     folder = study.folder

@@ -1,7 +1,7 @@
-"""The drift rule's clipped-ratio half, checked against the committed real-model CAPO runs, as docs/training.md
-reports it. Their logs (5-step means) predate ``capo/truncated_adv_share``: every CAPO run here ranked truncated
-completions by their score (``truncated_pairs='ranked'``), whose weak push the start-model accounting measures,
-so the rule is fed a push of 0 and only its clipped-ratio half is tested."""
+"""The drift rule's clipped-ratio half, checked against the committed real-model CAPO runs, as
+docs/results/smollm2-drift/README.md reports it. Their logs (5-step means) predate ``capo/truncated_adv_share``:
+every CAPO run here ranked truncated completions by their score (``truncated_pairs='ranked'``), whose weak push the
+start-model accounting measures, so the rule is fed a push of 0 and only its clipped-ratio half is tested."""
 
 import json
 import re
@@ -35,7 +35,7 @@ def drift_check() -> dict:
 
 def test_the_docs_give_the_rules_record_on_the_committed_runs():
     c = drift_check()
-    text = " ".join((ROOT / "docs" / "training.md").read_text().split())
+    text = " ".join((ROOT / "docs" / "results" / "smollm2-drift" / "README.md").read_text().split())
     expected = (f"Of the {c['runs']} CAPO runs, {c['collapsed']} logged a window in which every completion ran to "
                 f"the limit; the rule warned before {c['warned_before']} of them, 20 steps or more before for "
                 f"{c['warned_20_before']} (median {c['median_lead']:g} steps), and it warned in {c['others_warned']} of "
@@ -64,7 +64,7 @@ def test_the_replays_are_the_committed_runs_and_the_docs_give_their_warnings():
         for a, b in zip(replay["train"], record["train"]):  # every number the record logged, equal
             assert {k: a[k] for k in b if k in a} == {k: v for k, v in b.items() if k in a}
             assert set(replay["equal_to_the_record"]) == set(b) - {"step"}
-    text = " ".join((ROOT / "docs" / "training.md").read_text().split())
+    text = " ".join((ROOT / "docs" / "results" / "smollm2-drift" / "README.md").read_text().split())
     for seed, warned, stuck in replay_check():
         said = (f"seed {seed}: warned at step {warned}, {stuck - warned} steps before every completion ran to the "
                 f"limit (step {stuck})" if stuck is not None and warned is not None else

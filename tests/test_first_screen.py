@@ -60,8 +60,8 @@ def test_the_first_screen_holds_no_interval_p_value_or_amendment():
 def test_the_real_models_sentence_follows_each_studys_interval_once_it_has_its_look():
     """Written before the second study's look: a study before its look is left out; at it, its verdict follows its
     interval (above 0, below, or across), and the closing sentence names a rate only where CAPO ranked better."""
-    from capo_trl.harness import evidence
-    from capo_trl.harness.first_screen import first_screen
+    import results_evidence as evidence
+    from results_first_screen import first_screen
     from capo_trl.training.defaults import RECOMMENDED
 
     tiny, first = evidence.STUDY_RESULTS["guess-half"], evidence.REAL_RESULT
@@ -88,7 +88,7 @@ def test_the_real_models_sentence_follows_each_studys_interval_once_it_has_its_l
 def test_the_real_models_sentence_gives_the_screens_means_and_pick_never_a_verdict():
     """The screening pilot of the paper's settings is exploratory: its clause gives means, drifted runs and the pick,
     and before the pilot's look only that it runs."""
-    from capo_trl.harness import evidence_screen
+    import results_screen as evidence_screen
 
     arm = {"auroc": 0.8, "auroc_question": 0.7, "accuracy": 0.5, "drifted": 0}
     r = {"seeds": 3, "rate": "1e-3", "pick": "capo-paper", "reference": {"auroc": 0.75, "auroc_question": 0.65,
@@ -117,8 +117,9 @@ PICKED = dict(advantage_estimator="capo", tau=0.6, tau_mode="absolute", advantag
 def pick_screen(primary, holds=True, recommended=PICKED, replication=None):
     """The first screen with the pick study at its look (written before it): a made-up result for the pick, the
     committed results for everything else (the replication: none, or the one given)."""
-    from capo_trl.harness import evidence, evidence_screen
-    from capo_trl.harness.first_screen import first_screen
+    import results_evidence as evidence
+    import results_screen as evidence_screen
+    from results_first_screen import first_screen
 
     pick = {**evidence.REAL_LR_RESULT, "seeds": 13, "primary": primary, "holds": holds, "means": PICK_MEANS,
             "accuracy": {"capo-paper-lr3e-4": (-0.012, -0.03, 0.006)},
@@ -132,7 +133,7 @@ def test_at_the_pick_studys_look_the_first_screen_gives_its_result_and_the_rules
     """The pick study's protocol ("Reporting"), written before its look: its confirmatory result replaces the
     screen's exploratory clause; if the primary holds above 0 the pick is what to use, as measured; otherwise the
     first line says plainly that no CAPO configuration kept calibration better than GRPO, and what did least harm."""
-    from capo_trl.harness.first_screen import what_to_use
+    from results_first_screen import what_to_use
     from capo_trl.training.defaults import EMBEDDED_METHOD
 
     kept = pick_screen((0.03, 0.01, 0.05))
@@ -174,7 +175,7 @@ def test_from_the_replications_look_its_result_stands_beside_the_pick_studys_and
     its verdict, pooled AUROC, accuracy and drifted runs. Where its primary holds above 0 and the pick study's did
     not, the first and last lines say so (one confirmatory study of two) rather than that nothing kept calibration
     better; otherwise they stay the pick study's. Every case still fits the first screen."""
-    from capo_trl.harness import evidence
+    import results_evidence as evidence
 
     not_kept = (0.006, -0.008, 0.02)  # the pick study's committed verdict: no difference shown
     assert pick_screen(not_kept, False, replication={"look": False}) == pick_screen(not_kept, False)

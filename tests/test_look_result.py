@@ -8,7 +8,7 @@ from script_loader import load_script
 
 def test_the_pick_studys_constant_is_what_the_script_writes():
     """Blank the committed PICK_RESULT, write it back from its value: the file comes back unchanged."""
-    from capo_trl.harness import evidence
+    import results_evidence as evidence
 
     script = load_script("look_result")
     text = script.EVIDENCE.read_text()
@@ -20,7 +20,7 @@ def test_the_pick_studys_constant_is_what_the_script_writes():
 
 
 def test_a_written_look_is_not_overwritten_and_a_study_before_its_look_writes_nothing(tmp_path, monkeypatch, capsys):
-    from capo_trl.harness import evidence
+    import results_evidence as evidence
 
     script = load_script("look_result")
     text = script.EVIDENCE.read_text()

@@ -201,7 +201,7 @@ def test_the_readmes_first_screen_names_the_recommendation_and_recommends_nothin
     each value's evidence and limits to docs/config.md, whose `recommended` block the test above checks."""
     text = (ROOT / "README.md").read_text()
     block = _block(text, "first-screen")
-    from capo_trl.harness.first_screen import what_to_use
+    from results_first_screen import what_to_use
 
     assert block is not None and block.startswith("**What to use:** ")  # then the pick study's rule may say first
     use = " ".join(block.split("\n- ")[0].split())  # that no CAPO configuration kept calibration
@@ -236,7 +236,8 @@ def test_no_recipe_comment_recommends_another_value(recipe):
 ])
 def test_the_real_recommendation_follows_the_pick_studys_reporting_rule(primary, holds, config, kept):
     """Written before the pick study's look: its protocol's rule, against the second study's committed result."""
-    from capo_trl.harness import evidence, evidence_verdict
+    import results_evidence as evidence
+    import results_verdict as evidence_verdict
 
     preset = evidence.REAL_LR_RESULT
     pick = {**preset, "primary": primary, "holds": holds, "accuracy": {"capo-paper-lr3e-4": (-0.01, -0.03, 0.01)}}
@@ -276,7 +277,8 @@ def test_the_recommendation_is_the_pick_studys_until_its_look_then_what_its_rule
     CAPO SmolLM2 recipe the preset's (the one with a confirmatory result at 3e-4); at the look both become what its
     rule chose (evidence_verdict.real_recommendation): the pick, or the preset's settings if those did less harm.
     RECOMMENDED (and with it CAPOConfig's defaults, the preset, the pages) and the recipe change by hand."""
-    from capo_trl.harness import evidence, evidence_verdict
+    import results_evidence as evidence
+    import results_verdict as evidence_verdict
     from capo_trl.harness.study import load_study
 
     pick = evidence.measure_real(load_study(ROOT / "docs" / "results" / "smollm2-pick-study"))
@@ -298,7 +300,8 @@ def test_the_recommendation_is_the_pick_studys_until_its_look_then_what_its_rule
 def test_from_the_pick_studys_look_the_recommendation_block_gives_it_and_what_its_rule_recommends(monkeypatch):
     """Written before that look: the block every recommending page renders then gives the pick study's every endpoint
     and the rule's sentence, and from the replication's look its result beside them (the protocol's "Reporting")."""
-    from capo_trl.harness import evidence, evidence_verdict
+    import results_evidence as evidence
+    import results_verdict as evidence_verdict
     from test_docs import script
 
     module = script("results_recommend")
@@ -324,7 +327,8 @@ def test_where_only_the_replication_kept_calibration_better_the_recommendation_i
     replication's protocol), but if the replication's primary holds above 0 while the pick study's did not, the
     sentence that nothing kept calibration better names two-digit addition and points to the replication; a
     replication before its look, or one that does not hold above 0, leaves the sentence as it was."""
-    from capo_trl.harness import evidence, evidence_verdict
+    import results_evidence as evidence
+    import results_verdict as evidence_verdict
 
     preset = evidence.REAL_LR_RESULT
     pick = {**preset, "seeds": 13, "primary": (0.006, -0.008, 0.02), "holds": False,

@@ -3,26 +3,21 @@
 
 import ast
 import json
-import os
 import re
 import shutil
-import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
+from results_evidence import measure_real
 from scipy import stats
 
 from capo_trl.cli.main import main
 from capo_trl.errors import UsageError
-from capo_trl.harness.evidence import measure_real
 from capo_trl.harness.study import load_study
 from capo_trl.harness.study_report import screen
-from capo_trl.training.resume import newest_complete
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "studies" / "tiny" / "study.yaml"  # the study docs/studies.md runs
@@ -114,53 +109,94 @@ def test_a_pilot_picks_by_its_rule(tmp_path):
     assert screen(study, runs)["arms"]["capo"]["drifted_runs"] == 1 and screen(study, runs)["pick"] is None
 
 
-def test_a_frozen_study_refuses_an_arms_recipe_changed_since_its_commit(tmp_path, monkeypatch):
-    """A recipe lies outside src/, which the code's check compares: the runner compares each arm's recipe with the
-    frozen commit's, in a real git repository."""
-    from capo_trl.cli import study_run
-    from capo_trl.harness.study import changed_recipes
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _committed(folder: Path) -> Path:
+    """The study's project as a git repository with one commit; returns its root."""
+    root = folder.parents[1]
+    _git(root, "init", "-q")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-q", "-m", "protocol")
+    return root
+
+
+def _as_wheel(monkeypatch, version: str = "1.2.0") -> None:
+    """This capo-trl as a wheel of ``version`` would be: no checkout, no commit."""
+    from capo_trl.harness import study_freeze
+
+    monkeypatch.setattr(study_freeze, "is_checkout", lambda: False)
+    monkeypatch.setattr(study_freeze, "__version__", version)
+
+
+def test_start_freezes_what_the_runs_depend_on_and_a_run_refuses_what_changed(tmp_path, monkeypatch):
+    """Frozen from a wheel in a user's own repository: the repository's commit, capo-trl's version, the study file's
+    and each recipe's digest. The same version runs it; another version, a changed study file or a changed recipe is
+    refused in one line that says what to do, unless other_commits says why they may differ."""
+    from capo_trl.harness import study_freeze
 
     folder = project(tmp_path)
-    root = folder.parents[1]
-
-    def git(*args):
-        return subprocess.run(["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t", *args],
-                              capture_output=True, text=True, check=True).stdout.strip()
-    git("init", "-q")
-    git("add", "-A")
-    git("commit", "-q", "-m", "protocol")
-    data = {**yaml.safe_load((folder / "study.yaml").read_text()), "frozen_commit": git("rev-parse", "HEAD")}
-    (folder / "study.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    root = _committed(folder)
+    _as_wheel(monkeypatch)
+    frozen = study_freeze.start(load_study(folder))
+    assert frozen["commit"] == _git(root, "rev-parse", "HEAD") and frozen["capo_trl"] == "1.2.0"
+    assert frozen["capo_trl_commit"] is None and set(frozen["recipes"]) == {
+        "examples/recipes/grpo-arith-tiny-cpu.yaml", "examples/recipes/capo-arith-tiny-cpu.yaml"}
+    text = (folder / "study.yaml").read_text()
+    assert "frozen_commit" not in text and yaml.safe_load(text)["frozen"] == frozen
     study = load_study(folder)
-    assert changed_recipes(study) == []
+    assert study.frozen == frozen and study.frozen_commit == frozen["commit"]
+    study_freeze.check_code(study)  # the version it was frozen with
+    with pytest.raises(UsageError, match="frozen already"):
+        _git(root, "commit", "-qam", "frozen")
+        study_freeze.start(load_study(folder))
+
+    monkeypatch.setattr(study_freeze, "__version__", "1.3.0")
+    with pytest.raises(UsageError) as err:
+        study_freeze.check_code(study)
+    assert str(err.value) == (f"{folder}/study.yaml was frozen with capo-trl 1.2.0, but this is capo-trl 1.3.0 "
+                              "(installed from a wheel); install it (pip install \"capo-trl==1.2.0\"), or say in "
+                              "study.yaml's other_commits why another capo-trl may run it.")
+    monkeypatch.setattr(study_freeze, "__version__", "1.2.0")
     recipe = root / "examples" / "recipes" / "capo-arith-tiny-cpu.yaml"
     recipe.write_text(recipe.read_text().replace("learning_rate:", "learning_rate: 1.0e-3  # was:\n# learning_rate:", 1))
-    assert changed_recipes(study) == ["examples/recipes/capo-arith-tiny-cpu.yaml"]
-    monkeypatch.setattr(study_run, "code_version", lambda: ("def456", "tree-1"))
-    monkeypatch.setattr(study_run, "frozen_tree", lambda commit: "tree-1")  # the same src/: only the recipe differs
-    with pytest.raises(UsageError, match=r"the recipes \['examples/recipes/capo-arith-tiny-cpu.yaml'\] differ"):
-        study_run.check_commit(study)
+    with pytest.raises(UsageError, match=r"other text in the recipes \['examples/recipes/capo-arith-tiny-cpu.yaml'\]"):
+        study_freeze.check_code(study)
+    _git(root, "checkout", "--", "examples")
+    (folder / "study.yaml").write_text(text.replace("seeds: [0, 1]", "seeds: [0, 1, 2]").replace(
+        "- 0\n- 1\n", "- 0\n- 1\n- 2\n"))
+    with pytest.raises(UsageError, match="changed since `capo-trl study start` froze it"):
+        study_freeze.check_code(load_study(folder))
+    (folder / "study.yaml").write_text(text + "other_commits: a fix of the test split's seed, reviewed\n")
+    monkeypatch.setattr(study_freeze, "__version__", "1.3.0")
+    study_freeze.check_code(load_study(folder))  # the file says why
 
 
-def test_a_frozen_study_runs_only_its_frozen_code(tmp_path, monkeypatch):
-    """Frozen at a commit, a study runs under any commit with the same src/ tree (the one that writes the frozen
-    line changes only study.yaml), refuses another tree unless its file says why, and never mixes them in a report."""
-    from capo_trl.cli import study_run
-    from capo_trl.harness import study_report
+def test_a_study_frozen_at_a_commit_runs_under_that_src_tree_only(tmp_path, monkeypatch):
+    """A file older than the frozen: block names only a commit of capo-trl's repository: any commit with the same
+    src/ tree runs it; another tree, a checkout with uncommitted changes or a wheel is refused; a report never mixes
+    records of two trees."""
+    from capo_trl.harness import study_freeze, study_report
 
     study = load_study(project(tmp_path, frozen_commit="abc123"))
-    monkeypatch.setattr(study_run, "changed_recipes", lambda study: [])  # the next test checks them in git
-    monkeypatch.setattr(study_run, "frozen_tree", lambda commit: {"abc123": "tree-1"}.get(commit))
-    monkeypatch.setattr(study_run, "code_version", lambda: ("def456", "tree-1"))
-    assert study_run.check_commit(study) == ("def456", "tree-1")
-    monkeypatch.setattr(study_run, "code_version", lambda: ("def456", "tree-2"))
-    with pytest.raises(UsageError, match="frozen at abc123.*src/ differs.*git worktree add --detach"):
-        study_run.check_commit(study)
-    monkeypatch.setattr(study_run, "code_version", lambda: (None, None))
-    with pytest.raises(UsageError, match="not a clean git checkout"):
-        study_run.check_commit(study)
-    lenient = load_study(project(tmp_path, frozen_commit="abc123", other_commits="a bug fix outside training"))
-    assert study_run.check_commit(lenient) == (None, None)
+    monkeypatch.setattr(study_freeze, "changed_recipes", lambda study: [])
+    monkeypatch.setattr(study_freeze, "is_checkout", lambda: True)
+    monkeypatch.setattr(study_freeze, "frozen_tree", lambda commit: {"abc123": "tree-1"}.get(commit))
+    monkeypatch.setattr(study_freeze, "code_version", lambda: ("def456", "tree-1"))
+    study_freeze.check_code(study)
+    monkeypatch.setattr(study_freeze, "code_version", lambda: ("def456", "tree-2"))
+    with pytest.raises(UsageError, match="frozen with capo-trl at commit abc123, but this is capo-trl .*at commit "
+                                         "def456.*run it from a git checkout of capo-trl that holds that commit"):
+        study_freeze.check_code(study)
+    monkeypatch.setattr(study_freeze, "code_version", lambda: (None, None))
+    with pytest.raises(UsageError, match="a checkout with uncommitted changes in src/"):
+        study_freeze.check_code(study)
+    _as_wheel(monkeypatch)
+    with pytest.raises(UsageError, match="installed from a wheel"):
+        study_freeze.check_code(study)
+    study_freeze.check_code(load_study(project(tmp_path, frozen_commit="abc123", other_commits="a bug fix")))
     base = {"auroc": 0.6, "accuracy": 0.5, "mean_tokens": 10, "train": []}
     runs = {"grpo": {0: {**base, "src_tree": "tree-1"}}, "capo": {0: {**base, "src_tree": "tree-2"}}}
     monkeypatch.setattr(study_report, "records", lambda study, into=None: runs)
@@ -168,60 +204,136 @@ def test_a_frozen_study_runs_only_its_frozen_code(tmp_path, monkeypatch):
         study_report.report(study)
 
 
-def _queue(folder: Path, runs: Path) -> subprocess.Popen:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.Popen([sys.executable, "-m", "capo_trl.cli", "study", "queue", str(folder), "--slots", "2",
-                             "--runs", str(runs)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+FAKE_CLI = """import json, os, sys
+with open(os.environ["CAPO_FAKE_OUT"], "w") as f:
+    json.dump({"argv": sys.argv[1:], "code": __file__}, f)
+"""
 
 
-@pytest.mark.timeout(900)  # four training runs in their own processes, twice started: minutes on a loaded CPU
-def test_a_study_runs_from_its_file_resumes_after_a_kill_and_reports(tmp_path, capsys):
+def test_this_projects_frozen_study_runs_its_commits_code_by_itself(tmp_path, monkeypatch, capsys):
+    """A study frozen with capo-trl at a commit that the running checkout holds, but is not: `run` checks that
+    commit out into a worktree under the runs folder and runs itself from there (no PYTHONPATH, no worktree by hand).
+    The checkout here is a stand-in repository whose frozen commit's capo_trl.cli records how it was called."""
+    from capo_trl.harness import study_freeze
+
+    code = tmp_path / "capo-trl"
+    (code / "src" / "capo_trl" / "cli").mkdir(parents=True)
+    (code / "src" / "capo_trl" / "__init__.py").write_text("")
+    (code / "src" / "capo_trl" / "cli" / "__init__.py").write_text("")
+    (code / "src" / "capo_trl" / "cli" / "__main__.py").write_text(FAKE_CLI)
+    _git(code, "init", "-q")
+    _git(code, "add", "-A")
+    _git(code, "commit", "-q", "-m", "the frozen code")
+    frozen = _git(code, "rev-parse", "HEAD")
+    (code / "src" / "capo_trl" / "cli" / "__main__.py").write_text("raise SystemExit('today\'s code ran')\n")
+    _git(code, "commit", "-qam", "today")
+    monkeypatch.setattr(study_freeze, "CODE", code)
+
+    folder = project(tmp_path)
+    _committed(folder)
+    data = {**yaml.safe_load((folder / "study.yaml").read_text()), "frozen_commit": None}
+    data["frozen"] = {"commit": frozen, "capo_trl": "0.1.0", "capo_trl_commit": frozen,
+                      "study": study_freeze.study_digest(data), "recipes": {}}
+    (folder / "study.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    out, runs = tmp_path / "called.json", tmp_path / "runs"
+    monkeypatch.setenv("CAPO_FAKE_OUT", str(out))
+    assert main(["study", "run", str(folder), "capo", "1", "--runs", str(runs)]) == 0
+    called = json.loads(out.read_text())
+    worktree = (runs / ".code" / frozen[:12]).resolve()
+    assert called["argv"] == ["study", "run", str(folder), "capo", "1", "--runs", str(runs)]
+    assert Path(called["code"]).resolve() == worktree / "src" / "capo_trl" / "cli" / "__main__.py"
+    assert _git(worktree, "rev-parse", "HEAD") == frozen
+    assert "running the capo-trl it was frozen with" in capsys.readouterr().err
+
+
+def _arms(**overrides) -> dict:
+    arms = yaml.safe_load(EXAMPLE.read_text())["arms"]
+    return {name: {**arm, "overrides": {**arm["overrides"], **overrides}} for name, arm in arms.items()}
+
+
+ARITH_TINY = str(ROOT / "src" / "capo_trl" / "assets" / "arith-tiny")
+
+
+@pytest.mark.parametrize("changes, says", [
+    ({"task": "guess-half", "model": ARITH_TINY},
+     "its model .*arith-tiny is the embedded start model of arithmetic, made for that alone, not for the study's task "
+     "guess-half; leave out the study's model: key \\(the task then trains its own start model, guess-tiny\\)"),
+    ({"model": "EMPTY"}, r"its model .*empty cannot load \(ValueError: Unrecognized model in .*\); fix model_name_or_path"),
+    ({"arms": _arms(max_prompt_length=2)}, "every sampled prompt is longer than max_prompt_length 2 \\(shortest 13 "
+                                           "tokens\\), so training would drop them all"),
+    ({"arms": _arms(max_completion_length=250)}, "a prompt of 17 tokens plus max_completion_length 250 exceeds the "
+                                                 "model's context of 128 tokens"),
+    ({"model": "TINY"}, r"the start model cannot learn this task: only 0 of 32 train prompts' groups \(4 samples each, "
+                        r"temperature 1\) have both grades, accuracy 0.000, so almost every group ties"),
+])
+def test_a_study_that_cannot_learn_is_refused_before_its_first_run(tmp_path, tiny_model_dir, capsys, changes, says):
+    """`check` (which `start` and `queue` run first): the model made for another task, a model that cannot load,
+    prompts that do not fit, and a start model whose groups all tie (a random tiny model: accuracy 0) are refused in
+    one line naming the arm and the fix, before anything trains."""
+    (tmp_path / "empty").mkdir()
+    changes = {k: {"EMPTY": str(tmp_path / "empty"), "TINY": str(tiny_model_dir)}.get(v, v) if isinstance(v, str)
+               else v for k, v in changes.items()}
+    folder, runs = project(tmp_path, **changes), tmp_path / "runs"
+    for verb in ("check", "queue"):
+        assert main(["study", verb, str(folder), "--runs", str(runs)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and re.search(f"arms.grpo: {says}", err), err
+    assert not (runs / "tiny" / "grpo").exists() and not (runs / "tiny" / "check.json").exists()
+
+
+def test_a_study_that_can_learn_passes_its_check_once(tmp_path, capsys, monkeypatch):
+    """The example study's arms share one setting: checked once, its numbers said, and kept in the runs folder so a
+    queue restarted on the same machine does not sample again; a changed recipe is checked afresh."""
+    from capo_trl.cli import study_check
+
     folder, runs = project(tmp_path), tmp_path / "runs"
-    first = _queue(folder, runs)
-    deadline = time.monotonic() + 300
+    assert main(["study", "check", str(folder), "--runs", str(runs)]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and re.fullmatch(r"check grpo: arithmetic, arith-tiny: prompts of \d+-\d+ tokens fit; (\d+) "
+                                          r"of 32 train prompts' groups \(4 samples each, temperature 1\) have both "
+                                          r"grades, accuracy [01]\.\d{3}", out[0]), out
+    assert int(out[0].split("fit; ")[1].split()[0]) * study_check.MIN_SIGNAL >= study_check.PROMPTS
+    monkeypatch.setattr(study_check, "_signal", lambda *a: pytest.fail("sampled again"))
+    assert study_check.check(load_study(folder), runs) == [out[0].split(": ", 1)[1]]
+    recipe = folder.parents[1] / "examples" / "recipes" / "capo-arith-tiny-cpu.yaml"
+    recipe.write_text(recipe.read_text() + "\n# a comment\n")
+    with pytest.raises(pytest.fail.Exception, match="sampled again"):
+        study_check.check(load_study(folder), runs)
 
-    def saved():  # the runs with a whole checkpoint (a run killed while saving restarts from scratch)
-        return [run for run in runs.glob("tiny/*/seed*") if run.is_dir() and newest_complete(str(run))[0]]
 
-    while not saved():
-        assert first.poll() is None and time.monotonic() < deadline, first.communicate()[0] if first.poll() else ""
-        time.sleep(0.2)
-    os.killpg(first.pid, signal.SIGKILL)  # the whole queue, its runs included, as a lost machine would
-    resumed = saved()
-    first.wait(timeout=60)
-    assert not list(folder.glob("*/seed*.json"))  # no record of a run that did not finish
-
-    assert main(["study", "status", str(folder)]) == 0
-    assert "complete seeds: 0 of 2" in capsys.readouterr().out
-    second = _queue(folder, runs)
-    out, _ = second.communicate(timeout=600)
-    assert second.returncode == 0, out
-    assert "finished 4, failed 0" in out and len(re.findall(r"^finished \w+ seed \d$", out, re.M)) == 4, out
-    for run in resumed:  # the killed runs with a whole checkpoint went on from it (or, at the last step, took it)
-        log = (run.parent / f"{run.name}.log").read_text()
-        assert "--resume_from_checkpoint last" in log or "model files were taken from that checkpoint" in log, run
-
-    records = {(arm, s): json.loads((folder / arm / f"seed{s}.json").read_text()) for arm in ("grpo", "capo")
-               for s in (0, 1)}
-    assert all(r["global_step"] == 2 and "commit" in r and len(r["train"]) == 2 for r in records.values())
-    assert main(["study", "report", str(folder)]) == 0
-    report = capsys.readouterr().out
-    value = {k: 0.5 if v is None else v for k, v in ((k, records[k]["auroc"]) for k in records)}
-    diffs = np.array([value["capo", s] - value["grpo", s] for s in (0, 1)])
+def test_the_report_is_the_hand_computation_of_its_records(tmp_path):
+    """The example study's report at its look, from four records (committed records of a real study, their
+    numbers changed): the primary contrast's mean and t interval and the accuracy contrast as scipy gives them from
+    the same files, the means without a start row (no start.json), and what a result constant is written from."""
+    folder = project(tmp_path)
+    source = sorted((ROOT / "docs" / "results" / "smollm2-pick-guess-half").glob("*/seed*.json"))[0]
+    records = {}
+    for i, (arm, seed) in enumerate((a, s) for a in ("grpo", "capo") for s in (0, 1)):
+        record = {**json.loads(source.read_text()), "arm": arm, "seed": seed, "auroc": 0.6 + 0.04 * i * i - 0.01 * seed,
+                  "accuracy": 0.4 + 0.03 * (i % 3), "src_tree": "tree-1", "task": "arithmetic", "global_step": 2}
+        record = {k: v for k, v in record.items() if "/" not in k}  # arithmetic has no guessable items
+        (folder / arm).mkdir(exist_ok=True)
+        (folder / arm / f"seed{seed}.json").write_text(json.dumps(record))
+        records[arm, seed] = record
+    report = study_report(folder)
+    diffs = np.array([records["capo", s]["auroc"] - records["grpo", s]["auroc"] for s in (0, 1)])
     interval = stats.ttest_1samp(diffs, 0.0).confidence_interval(0.95)
-    expected = (f"| capo - grpo (primary) | auroc | {diffs.mean():+.3f} | [{interval.low:+.3f}, "
-                f"{interval.high:+.3f}] |")
-    assert expected in report, report
+    assert (f"| capo - grpo (primary) | auroc | {diffs.mean():+.3f} | [{interval.low:+.3f}, {interval.high:+.3f}] |"
+            in report), report
     accuracy = np.mean([records["capo", s]["accuracy"] - records["grpo", s]["accuracy"] for s in (0, 1)])
     assert f"| capo - grpo | accuracy | {accuracy:+.3f} [" in report, report
     means = report.split("Means over the look's seeds (descriptive):", 1)[1]
-    assert "| start |" not in means and "nan" not in means and "guessable" not in means, means  # no start.json
-    grpo_auroc = np.mean([value["grpo", s] for s in (0, 1)])
-    assert f"| grpo | {grpo_auroc:.3f} |" in means, means
-    measured = measure_real(load_study(folder))  # what a result constant in capo_trl.harness.evidence is written from
+    assert "| start |" not in means and "nan" not in means and "guessable" not in means, means
+    assert f"| grpo | {np.mean([records['grpo', s]['auroc'] for s in (0, 1)]):.3f} |" in means, means
+    measured = measure_real(load_study(folder))  # what a result constant in results_evidence is written from
     assert measured["look"] and measured["start"] is None  # no start.json: None, not a nan that never equals itself
     assert ast.literal_eval(repr(measured)) == measured
+
+
+def study_report(folder: Path) -> str:
+    from capo_trl.harness.study_report import report
+
+    return report(load_study(folder))
 
 
 def test_a_run_killed_after_its_last_checkpoint_is_finished_from_it(tmp_path):

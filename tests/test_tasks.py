@@ -90,7 +90,9 @@ def test_the_demo_says_what_the_real_models_study_found():
     model's."""
     from pathlib import Path
 
-    from capo_trl.harness import evidence, evidence_screen, evidence_verdict
+    import results_evidence as evidence
+    import results_screen as evidence_screen
+    import results_verdict as evidence_verdict
     from capo_trl.harness.demo import demo_budget
     from capo_trl.harness.demo import evidence as said
 
@@ -117,22 +119,23 @@ def test_the_demo_says_what_the_real_models_study_found():
         assert "On a real model, not this demo's" in text
 
 
-def test_from_the_pick_studys_look_the_demo_prints_its_words_and_the_recommendation(monkeypatch):
-    """Written before that look: with the pick study's result in its constant, the demo ends with every endpoint of it
-    and the recommendation its protocol's rule gives (the same paragraphs as the study's page), then the
-    replication's from its look."""
-    from capo_trl.harness import demo, evidence, evidence_screen, evidence_verdict
+def test_from_the_pick_studys_look_the_demo_prints_its_words_and_the_recommendation():
+    """Written before that look: with the pick study's result in its constant, the demo's words end with every
+    endpoint of it and the recommendation its protocol's rule gives (the same paragraphs as the study's page), then
+    the replication's from its look (scripts/results_demo.py writes them into the file the demo reads)."""
+    import results_demo
+    import results_evidence as evidence
+    import results_screen as evidence_screen
+    import results_verdict as evidence_verdict
 
     pick = {**evidence.REAL_LR_RESULT, "seeds": 13, "primary": (-0.09, -0.12, -0.06),
             "accuracy": {"capo-paper-lr3e-4": (-0.01, -0.03, 0.01)},
             "collapsed": {"grpo-lr3e-4": 0, "capo-paper-lr3e-4": 0}, "start": None}
-    monkeypatch.setattr(demo, "PICK_RESULT", None)  # before the look, whenever this runs
-    monkeypatch.setattr(demo, "REPLICATION_RESULT", None)
-    before = demo.evidence(demo.demo_budget())
-    monkeypatch.setattr(demo, "PICK_RESULT", pick)
-    text = demo.evidence(demo.demo_budget())
-    added = evidence_verdict.pick_paragraphs(pick, evidence.REAL_LR_RESULT, evidence_screen.SCREEN_RESULT["pick"])
     screen = evidence_screen.SCREEN_RESULT
+    first = (evidence.REAL_RESULT, evidence.REAL_LR_RESULT, screen)
+    before = results_demo.real_words(*first, None, None)
+    text = results_demo.real_words(*first, pick, None)
+    added = evidence_verdict.pick_paragraphs(pick, evidence.REAL_LR_RESULT, screen["pick"])
     assert text == before.replace(evidence_screen.screen_paragraph(screen, "3e-4"),
                                   evidence_screen.screen_paragraph(screen, "3e-4", looked=True)) + "\n" + added
     assert "picked by the screen for the confirmatory study at 3e-4" in " ".join(text.split())
@@ -141,9 +144,9 @@ def test_from_the_pick_studys_look_the_demo_prints_its_words_and_the_recommendat
     assert "exact sign-flip p" in added and "Holm p" in added
     # the study runner keeps no start model record: the words then skip "before RL" rather than print nan
     assert "nan" not in added and "pooled AUROC went to 0.806 on average under GRPO" in " ".join(added.split())
-    monkeypatch.setattr(demo, "REPLICATION_RESULT", {**pick, "primary": (0.01, -0.02, 0.04), "holds": False})
-    again = demo.evidence(demo.demo_budget())
-    assert again == text + "\n" + evidence.replication_words(demo.REPLICATION_RESULT, "capo-paper")
+    replication = {**pick, "primary": (0.01, -0.02, 0.04), "holds": False}
+    again = results_demo.real_words(*first, pick, replication)
+    assert again == text + "\n" + evidence.replication_words(replication, "capo-paper")
     assert "On `addition-guess-half`" in again.split(added)[1]
 
 
@@ -151,7 +154,7 @@ def test_the_demo_says_what_the_committed_confirmatory_study_says():
     from pathlib import Path
 
     from capo_trl.harness.demo import demo_budget, evidence
-    from capo_trl.harness.evidence import STUDY_RESULTS, measure, study_words
+    from results_evidence import STUDY_RESULTS, measure, study_words
     from capo_trl.harness.study import load_study
     from capo_trl.harness.study_report import analysis
 
@@ -189,7 +192,7 @@ def test_the_demo_says_what_the_committed_confirmatory_study_says():
 
 def test_a_p_value_too_small_for_four_decimals_is_printed_as_a_bound():
     """Fixed before the looks that may need it: a p below 0.0001 reads "p < 0.0001", never "p = 0.0000"."""
-    from capo_trl.harness import evidence
+    import results_evidence as evidence
 
     assert evidence._pv(0.0012) == "= 0.0012" and evidence._pv(0.0001) == "= 0.0001"
     assert evidence._pv(0.00004) == "< 0.0001" and evidence._pv(0.0) == "< 0.0001"

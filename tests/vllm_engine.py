@@ -60,6 +60,9 @@ def shared_engine():
     saved_env = {k: os.environ.get(k) for k in ENV_KEYS}
     saved_llm, saved_threads = vg.LLM, torch.set_num_threads
     os.environ.update(ENGINE_ENV)
+    # the engine's process group holds its rendezvous port for the module's whole life: a free one, not TRL's
+    # default 29500, which the distributed tests on the other worker use meanwhile
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     engine = SharedEngine()
     vg.LLM = engine
     try:

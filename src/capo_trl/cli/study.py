@@ -1,7 +1,8 @@
 """``capo-trl study``: a pre-registered comparison's life, from its file (``docs/studies.md``).
 
     capo-trl study plan FOLDER --sd 0.05        # seeds from a power calculation
-    capo-trl study start FOLDER                 # freeze: write the commit into study.yaml (clean tree only)
+    capo-trl study check FOLDER                 # can its arms learn? (start and queue check it too)
+    capo-trl study start FOLDER                 # freeze what its runs depend on into study.yaml (clean tree only)
     capo-trl study run FOLDER ARM SEED          # one run: train (resumes), test, keep its record
     capo-trl study queue FOLDER --slots 2       # every missing run, seed-major, N at a time
     capo-trl study status FOLDER                # what has finished
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from .common import one_line
 
-VERBS = ("plan", "start", "run", "queue", "status", "report", "close")
+VERBS = ("plan", "check", "start", "run", "queue", "status", "report", "close")
 
 
 def add_study_parser(subparsers) -> None:
@@ -25,7 +26,8 @@ def add_study_parser(subparsers) -> None:
                       "report, close", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True, help="what to do with the study")
     helps = {"plan": "seeds from a power calculation (a pilot's SD of the paired differences)",
-             "start": "freeze the study at the current commit (refuses uncommitted changes)",
+             "check": "refuse a study whose arms cannot learn (the model, the prompts, the start model's groups)",
+             "start": "check it, then freeze what its runs depend on: the commit, capo-trl's version, the recipes",
              "run": "one run of one arm and seed: train (resuming), test, keep the record",
              "queue": "every missing run, seed-major, --slots at a time (one thread each)",
              "status": "what has finished", "report": "the analysis the file fixes, at its look",
@@ -36,8 +38,9 @@ def add_study_parser(subparsers) -> None:
         if verb == "run":
             v.add_argument("arm", help="an arm of study.yaml that this study runs")
             v.add_argument("seed", type=int, help="one of study.yaml's seeds")
-        if verb in ("run", "queue"):
+        if verb in ("check", "start", "run", "queue"):
             v.add_argument("--runs", type=Path, default=Path("runs"), help="where runs' folders go (default runs/)")
+        if verb in ("run", "queue"):
             v.add_argument("--into", type=Path, default=None,
                            help="where records are written (default: the study's folder)")
         if verb == "queue":
@@ -61,15 +64,27 @@ def add_study_parser(subparsers) -> None:
 @one_line
 def run_study(args) -> int:
     from ..errors import UsageError
-    from ..harness import study, study_report
-    from . import study_run
+    from ..harness import study, study_freeze, study_report
+    from . import study_check, study_run
 
     if args.verb == "plan":
         return _plan(args)
-    if args.verb == "start":
-        print(f"frozen at {study.start(args.folder)}; commit study.yaml now")
-        return 0
     spec = study.load_study(args.folder)
+    if args.verb in ("check", "start", "run", "queue"):
+        study.refuse_unrunnable(spec, args.verb)
+    if args.verb in ("run", "queue"):
+        src = study_freeze.frozen_code(spec, args.runs)
+        if src is not None:  # this checkout is another commit, but holds the frozen one: run from that
+            return _run_frozen(args, src)
+        study_freeze.check_code(spec)
+    if args.verb in ("check", "start", "run", "queue"):
+        study_check.check(spec, args.runs, log=lambda text: print(text, flush=True))
+    if args.verb == "check":
+        return 0
+    if args.verb == "start":
+        frozen = study_freeze.start(spec)
+        print(f"frozen at {frozen['commit']} with capo-trl {frozen['capo_trl']}; commit study.yaml now")
+        return 0
     if args.verb == "run":
         print(f"wrote {study_run.run_one(spec, args.arm, args.seed, args.runs, args.into)}")
     elif args.verb == "queue":
@@ -95,6 +110,21 @@ def run_study(args) -> int:
         except ValueError as err:
             raise UsageError(str(err)) from err
     return 0
+
+
+def _run_frozen(args, src: Path) -> int:
+    """This verb again, in a process that imports capo_trl from the frozen commit's ``src/``; its exit status."""
+    import os
+    import subprocess
+    import sys
+
+    argv = ["study", args.verb, str(args.folder)] + ([args.arm, str(args.seed)] if args.verb == "run" else [])
+    argv += ["--runs", str(args.runs)] + (["--into", str(args.into)] if args.into else [])
+    if args.verb == "queue":
+        argv += ["--slots", str(args.slots)] + (["--on_record", args.on_record] if args.on_record else [])
+    print(f"{args.folder}: running the capo-trl it was frozen with, from {src.parent}", file=sys.stderr, flush=True)
+    path = os.pathsep.join([str(src), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return subprocess.run([sys.executable, "-m", "capo_trl.cli", *argv], env={**os.environ, "PYTHONPATH": path}).returncode
 
 
 def _plan(args) -> int:

@@ -27,7 +27,9 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..harness.driver import write_json
-from ..harness.study import Study, changed_recipes, code_version, frozen_tree, refuse_unrunnable, repo_root
+from .. import __version__
+from ..harness.study import Study, refuse_unrunnable, repo_root
+from ..harness.study_freeze import check_code, code_version
 
 ENDPOINT_KEYS = ("auroc", "auroc_question", "ece", "e_aurc")
 
@@ -129,25 +131,6 @@ def _step(args: list[str], log: Path) -> None:
         raise UsageError(f"capo-trl {args[0]} failed (exit {code}); see {log}.")
 
 
-def check_commit(study: Study) -> tuple[str | None, str | None]:
-    """The commit and ``src/`` tree this code runs under; refused when the study is frozen at a commit with another
-    ``src/`` (a commit that only adds the frozen line to study.yaml runs the same code) or other arm recipes, and its
-    file allows none."""
-    commit, tree = code_version()
-    if study.frozen_commit and not study.other_commits and (tree is None or tree != frozen_tree(study.frozen_commit)):
-        raise UsageError(f"{study.folder}/study.yaml is frozen at {study.frozen_commit}, but this capo_trl is "
-                         f"{'not a clean git checkout' if tree is None else f'commit {commit}, whose src/ differs'}; "
-                         f"run it from a worktree of the frozen commit (git worktree add --detach ../frozen "
-                         f"{study.frozen_commit}; PYTHONPATH=../frozen/src), or say in study.yaml's other_commits why "
-                         "another commit may run it.")
-    changed = changed_recipes(study) if study.frozen_commit and not study.other_commits else []
-    if changed:
-        raise UsageError(f"{study.folder}/study.yaml is frozen at {study.frozen_commit}, but the recipes {changed} "
-                         "differ from that commit's here; run it from a clean worktree of the frozen commit, or say "
-                         "in study.yaml's other_commits why they may differ.")
-    return commit, tree
-
-
 def run_one(study: Study, arm: str, seed: int, runs: Path, into: Path | None = None) -> Path:
     """Train (resuming), test and keep one run's record; returns the record's path. Done steps are not redone."""
     refuse_unrunnable(study, "run")
@@ -161,7 +144,8 @@ def run_one(study: Study, arm: str, seed: int, runs: Path, into: Path | None = N
     path = study.record_path(arm, seed, into)
     if path.is_file():
         return path
-    commit, tree = check_commit(study)
+    check_code(study)
+    commit, tree = code_version()
     root = repo_root(study.folder)
     run = (runs / study.name / arm / f"seed{seed}").resolve()
     run.mkdir(parents=True, exist_ok=True)
@@ -180,7 +164,7 @@ def run_one(study: Study, arm: str, seed: int, runs: Path, into: Path | None = N
               for r in state["log_history"] if "reward" in r]
     spec = study.arms[arm]
     record = {"arm": arm, "task": study.arm_task(arm), "seed": seed, "global_step": state["global_step"],
-              "recipe": spec.recipe, "flags": spec.flags(), "commit": commit, "src_tree": tree,
+              "recipe": spec.recipe, "flags": spec.flags(), "capo_trl": __version__, "commit": commit, "src_tree": tree,
               **record_of(json.loads((run / "test" / "report.json").read_text()), run / "test" / "samples.csv",
                           study.arm_task(arm), study.test.samples),
               "train": logged, **times}
@@ -240,7 +224,7 @@ def queue(study: Study, runs: Path, slots: int = 2, into: Path | None = None, on
     command, given the record's path as ``$STUDY_RECORD``) runs after each record is written. Returns what
     finished and what failed (a failed run is not retried in this call: its log says why)."""
     refuse_unrunnable(study, "queue")
-    check_commit(study)
+    check_code(study)
     todo, lock = pending(study, into), threading.Lock()
     done, failed = [], []
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",

@@ -21,34 +21,11 @@ from pathlib import Path
 from . import runs
 from ..evaluation.plots import DEMO_PANELS
 from .driver import Study, run_study
-from .evidence import (PICK_RESULT, REAL_LR_RESULT, REAL_RESULT, REPLICATION_RESULT, STUDY_RESULTS, real_lr_words,
-                       real_words, study_words)
-from .evidence_screen import SCREEN_RESULT, screen_paragraph
-from .evidence_verdict import pick_paragraphs
-from .paired import paired_interval
 from .presets import Budget, check_budget, check_methods, parse_methods
 from .runs import HEADLINE, START, headline
 
 # The task `capo-trl demo` trains when none is named: the test bed where GRPO loses calibration.
 DEMO_TASK = "guess-half"
-
-# What the evidence on each task supports (docs/results/), said after a demo on that task and only there; the test
-# beds' words are the blocks their pages render (capo_trl.harness.evidence.study_words).
-EVIDENCE = {"arithmetic": """
-What the evidence on this task says: on arithmetic GRPO does not lose calibration, so there is nothing for CAPO
-to repair. RL raises accuracy and pooled AUROC over the start model whatever the method; per-question AUROC moves
-by a few hundredths either way from seed to seed. In a pre-registered comparison (6 seeds, 600 steps, 1,024 test
-problems) CAPO with the noise mask (the default then) had per-question AUROC 0.023 below GRPO's (95% interval
--0.049 to +0.003), with 6.5 points less accuracy and higher ECE (docs/results/: the powered comparison). Without the
-mask one seed in five collapsed into long, improbable endings, with it none did: if mean length climbs, turn it
-on (capo-trl compare --methods grpo,capo,capo-mask). Where GRPO does lose calibration: capo-trl demo (its
-default task, guess-half).""",
-            "guess": """
-What the evidence on this task says (a quarter of the items can only be guessed): in three pre-registered
-pilots (300, 600 and 1,000 steps, 3 seeds each) GRPO lost pooled AUROC on 2 of 3 seeds at most, so `guess` is
-not a test bed, and no study compared GRPO and CAPO on it (docs/results/: the test-bed pilots). Where GRPO does lose
-calibration: capo-trl demo (its default task, guess-half) and capo-trl demo --task guess-redraw.""",
-            }
 
 # Each task's demo budget where the harness's default (200 steps at 2e-4) would not show what the task is for:
 # on guess-half, 300 steps at 4e-4 (the test bed's total step size, 600 at 2e-4, the rate decaying linearly to 0)
@@ -67,33 +44,31 @@ def demo_budget(task: str = DEMO_TASK, **fields) -> Budget:
     return Budget(task=task, **chosen)
 
 
+def committed() -> dict:
+    """What the committed studies say, as the package ships it (``assets/committed_studies.json``, written from
+    docs/results/ by ``scripts/results_demo.py`` and held equal to the records by a test)."""
+    return json.loads((Path(__file__).resolve().parents[1] / "assets" / "committed_studies.json").read_text())
+
+
 def evidence(budget: Budget) -> str:
     """What the committed studies say about the task the demo ran, how far its one run can speak to it, and what
-    the real model's studies found (another model and task: said apart; the second only if its primary holds, as
-    its protocol says), its screening pilot of the paper's settings (exploratory: means, no verdict), and from its
-    look the confirmatory study of the pilot's pick with the recommendation that follows."""
-    text = (_tiny_evidence(budget) + "\nOn a real model, not this demo's (docs/results/: its first confirmatory study):\n"
-            + real_words(REAL_RESULT))
-    if REAL_LR_RESULT is not None and REAL_LR_RESULT["holds"]:
-        text += "\n" + real_lr_words(REAL_LR_RESULT)
-    text += "\n" + screen_paragraph(SCREEN_RESULT, "3e-4", looked=PICK_RESULT is not None)
-    if PICK_RESULT is not None:  # the screen's pick at its confirmatory look, the recommendation it gives, and
-        # its replication on addition-guess-half from its own look
-        text += "\n" + pick_paragraphs(PICK_RESULT, REAL_LR_RESULT, SCREEN_RESULT["pick"], REPLICATION_RESULT)
-    return text
+    the real model's studies found (another model and task: said apart)."""
+    return (_tiny_evidence(budget) + "\nOn a real model, not this demo's (docs/results/: its first confirmatory study):\n"
+            + committed()["real"])
 
 
 def _tiny_evidence(budget: Budget) -> str:
-    task = budget.task
-    if task in EVIDENCE:
-        return EVIDENCE[task]
-    if task not in STUDY_RESULTS:
-        return f"\nNo committed study compared GRPO and CAPO on {task} (docs/results/): this one run is not evidence.\n"
-    text = "\nWhat the evidence on this task says (tiny models on CPU; docs/results/):\n" + study_words(task)
-    piloted = DEMO_BUDGETS.get(task)
+    task = committed()["tasks"].get(budget.task)
+    if task is None:
+        return (f"\nNo committed study compared GRPO and CAPO on {budget.task} (docs/results/): this one run is not "
+                "evidence.\n")
+    if "study" not in task:
+        return task["words"]
+    text = "\nWhat the evidence on this task says (tiny models on CPU; docs/results/):\n" + task["words"]
+    piloted = DEMO_BUDGETS.get(budget.task)
     lr = _rate(budget.learning_rate)
     if piloted and budget.model is None and all(getattr(budget, k) == v for k, v in piloted.items()):
-        tail = (f"This demo's budget on {task} ({budget.steps} steps at learning rate {lr}) was chosen in an "
+        tail = (f"This demo's budget on {budget.task} ({budget.steps} steps at learning rate {lr}) was chosen in an "
                 "exploratory pilot (docs/results/: the demo budget pilot)")
     else:
         tail = (f"The studies trained 600 steps at learning rate 2e-4; this run's budget ({budget.steps} steps at "
@@ -108,9 +83,7 @@ def _rate(value: float) -> str:
 
 
 # ------------------------------------------------------------------------------------ the committed study
-# The committed studies' run files, in a source checkout (an installed wheel has no docs/): the seeds the demo's one
-# run is read against, in its printout and its picture.
-RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results"
+# The committed study the demo's one run is read against, in its printout and its picture.
 SHOWN = dict(DEMO_PANELS)  # each endpoint the demo sets against the study: higher is better in each
 CPU_VARIATION = (
     "These numbers are one run of one seed, and not the same on every machine: the same command and seed give "
@@ -125,57 +98,25 @@ def _same_method(a: dict, b: dict) -> bool:
     return {k: v for k, v in a.items() if k != drop} == {k: v for k, v in b.items() if k != drop}
 
 
-def _study_of(task: str, results: Path):
-    """The committed confirmatory study of ``task`` whose look stopped it (its study.yaml), None where none did."""
-    from . import confirmatory
-    from .study import load_study
-    from .study_report import records
-
-    for path in sorted(Path(results).glob("*/study.yaml")):
-        study = load_study(path.parent)
-        if study.kind != "confirmatory" or study.task != task or any(a.preset is None for a in study.arms.values()):
-            continue
-        runs = records(study)
-        look = confirmatory.analyse(study.folder, study.plan, ({"seeds": study.seeds}, runs))["look"]
-        if look is not None and look["stop"]:
-            return study, runs, look
-    return None
-
-
-def committed_study(budget: Budget, methods: list, results: Path = RESULTS) -> dict | None:
-    """The committed pre-registered study of the demo's task, read from its run files: for each demo arm
-    (``methods``: parsed ``[(label, overrides)]``) that one of its arms trained, every :data:`SHOWN` endpoint on
-    each seed of the look that ended it, with their mean and 95% t interval; its start model's; its budget. None
-    where no study ran this task from its own start model, or its files are not here (an installed package)."""
-    if budget.model is not None or budget.grader_noise or not Path(results).is_dir():
+def committed_study(budget: Budget, methods: list) -> dict | None:
+    """The committed pre-registered study of the demo's task (:func:`committed`): for each demo arm (``methods``:
+    parsed ``[(label, overrides)]``) that one of its arms trained, every :data:`SHOWN` endpoint on each seed of the
+    look that ended it, with their mean and 95% t interval; its start model's; its budget. None where no study ran
+    this task from its own start model."""
+    study = committed()["tasks"].get(budget.task, {}).get("study")
+    if budget.model is not None or budget.grader_noise or study is None:
         return None
-    found = _study_of(budget.task, results)
-    if found is None:
-        return None
-    study, runs, look = found
-    seeds, arms = look["seeds"], {}
+    arms = {}
     for label, overrides in methods:
-        arm = next((name for name, a in study.arms.items() if _same_method(overrides, parse_methods(a.preset)[0][1])),
-                   None)
+        arm = next((name for name, a in study["arms"].items() if _same_method(overrides, a["method"])), None)
         if arm is not None:
-            arms[label] = {"arm": arm, **{key: _spread([runs[arm][s][key] for s in seeds]) for key in SHOWN}}
-    start = json.loads((study.folder / "start.json").read_text())
-    return {"folder": f"docs/results/{study.name}/", "seeds": len(seeds), "steps": study.steps,
-            "test_problems": study.budget["test_problems"], "start": {key: start[key] for key in SHOWN},
-            "arms": arms}
-
-
-def _spread(values: list) -> dict:
-    mean, low, high = paired_interval(values, 0.95)
-    return {"values": values, "mean": mean, "low": low, "high": high}
+            arms[label] = {"arm": arm, **{key: study["arms"][arm][key] for key in SHOWN}}
+    return {**study, "arms": arms}
 
 
 def against_study(before: dict, records: list[dict], study: dict | None, budget: Budget) -> str:
     """This run's test numbers beside the committed study's seeds, endpoint by endpoint (higher is better)."""
     if study is None:
-        if budget.task in STUDY_RESULTS and budget.model is None and not budget.grader_noise:
-            return ("The committed study's run files (docs/results/) are not in this installation, so this run is "
-                    "not drawn against its seeds; a source checkout has them.")
         return ""
     width = max(len(START), *(len(r["method"]) for r in records))
     lines = [f"This run against the committed study's {study['seeds']} seeds ({study['folder']}: {study['steps']} "
@@ -373,5 +314,5 @@ def demo(budget: Budget | None = None, methods: str = DEMO_METHODS, plot: str | 
     return {"before": before, "study": committed, **{r["method"]: r for r in records}}
 
 
-__all__ = ["CPU_VARIATION", "DEMO_BUDGETS", "DEMO_TASK", "STUDY_RESULTS", "against_study", "committed_study", "demo",
+__all__ = ["CPU_VARIATION", "DEMO_BUDGETS", "DEMO_TASK", "against_study", "committed", "committed_study", "demo",
            "demo_budget", "evidence", "train_and_test"]

@@ -19,7 +19,7 @@ The file (every key is checked when it is read; an error names the key and the f
     collapse: {mean_tokens: 30, min_finished: 0.5}
     undefined_auroc: 0.5
     deadline: 2027-01-15T00:00:00+00:00
-    frozen_commit: null           # filled by `capo-trl study start`
+    # frozen: {...}               # written by `capo-trl study start` (capo_trl.harness.study_freeze)
 
 Optional: ``train_log`` (the trainer's logged keys kept in each record), ``safety`` (endpoints compared with the
 first arm), ``descriptive``, ``decision`` (a pilot's rule: :mod:`capo_trl.harness.study_report`), ``reuse`` (an arm's
@@ -51,7 +51,6 @@ from __future__ import annotations
 import datetime
 import math
 import re
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,6 +58,7 @@ import yaml
 
 from ..errors import UsageError
 from .criterion import check_criterion
+from .study_freeze import read_frozen
 from .study_keys import (ENDPOINTS, FILE, Arm, Plan, Test, alternative, check_decision, check_presets,
                          contrast, key_path, mapping, names, number, read_arms, read_test, repo_root)
 
@@ -68,7 +68,7 @@ TRAIN_LOG = ("reward", "completions/mean_length", "completions/clipped_ratio", "
              "capo/answered_truncated_frac")
 KEYS = {"question", "kind", "model", "task", "steps", "arms", "seeds", "test", "primary", "secondaries", "looks",
         "collapse", "undefined_auroc", "deadline", "frozen_commit", "train_log", "safety", "descriptive", "decision",
-        "reuse", "run_hours", "family_alpha", "other_commits", "records", "budget", "cannot_run", "criterion"}
+        "reuse", "run_hours", "family_alpha", "other_commits", "records", "budget", "cannot_run", "criterion", "frozen"}
 RECORDS = "{arm}/seed{seed}.json"
 
 
@@ -89,7 +89,8 @@ class Study:
     reuse: dict = field(default_factory=dict)  # arm -> {"folder": ..., "arm": ..., "why": ...}
     train_log: tuple = TRAIN_LOG
     run_hours: float = 6.0
-    frozen_commit: str | None = None
+    frozen_commit: str | None = None  # the commit of the study's repository it was frozen at
+    frozen: dict | None = None  # what `capo-trl study start` froze (capo_trl.harness.study_freeze); None: older files
     other_commits: str | None = None  # why runs may come from commits other than the frozen one (None: they may not)
     records: str = RECORDS
     budget: dict | None = None  # the harness budget of preset arms
@@ -164,9 +165,8 @@ def _check_records(pattern, study: Study) -> None:
         raise UsageError(f"{where} = {pattern!r} gives two runs the same record; add {{arm}} or {{seed}}.")
 
 
-def load_study(folder: str | Path) -> Study:
-    """The study in ``folder`` (its ``study.yaml``), checked; a UsageError names the key and the fix."""
-    folder = Path(folder)
+def _read(folder: Path) -> dict:
+    """The file's mapping, with its kind and required keys checked."""
     path = folder / FILE
     if not path.is_file():
         raise UsageError(f"{folder} has no {FILE}; a study is a folder with a {FILE} (docs/studies.md).")
@@ -180,18 +180,78 @@ def load_study(folder: str | Path) -> Study:
         raise UsageError(f"{path}: unknown keys {unknown}; the keys are {sorted(KEYS)}.")
     if data.get("kind") not in KINDS:
         raise UsageError(f"{key_path(folder, 'kind')} = {data.get('kind')!r}; use one of {KINDS}.")
-    kind = data["kind"]
-    measured = kind == "measurement"
+    measured = data["kind"] == "measurement"
     for key in ("question", "arms", *(("cannot_run",) if measured else ("seeds",))):
         if data.get(key) in (None, ""):
             raise UsageError(f"{key_path(folder, key)} is missing; every {'measurement' if measured else 'study'} "
                              "states it (docs/studies.md).")
-    if "deadline" not in data or (data["deadline"] is None and kind == "confirmatory"):
+    if "deadline" not in data or (data["deadline"] is None and data["kind"] == "confirmatory"):
         raise UsageError(f"{key_path(folder, 'deadline')} is missing; every study states it (a pilot or measurement "
                          "whose protocol set none: deadline: null).")
     if measured and set(data) & {"seeds", "steps", "primary", "looks", "secondaries", "decision", "criterion"}:
         raise UsageError(f"{path}: a measurement trains nothing, so it has no seeds, steps or analysis; its keys are "
                          "question, kind, model, arms (a task each), test, records, cannot_run, deadline.")
+    return data
+
+
+def _deadline(value, folder: Path) -> str | None:
+    if value is None:
+        return None
+    try:
+        deadline = datetime.datetime.fromisoformat(str(value))
+    except ValueError as err:
+        raise UsageError(f"{key_path(folder, 'deadline')} = {value!r}; write it as 2027-01-15T00:00:00+00:00.") from err
+    if deadline.tzinfo is None:
+        raise UsageError(f"{key_path(folder, 'deadline')} = {value!r} has no time zone; add +00:00.")
+    return deadline.isoformat()
+
+
+def _reuse(value, folder: Path, arms: dict, seeds: list) -> dict:
+    """An arm's records taken from another study's folder (``reuse``), checked."""
+    reuse = {}
+    for arm, spec in mapping(value or {}, key_path(folder, "reuse")).items():
+        where = key_path(folder, f"reuse.{arm}")
+        spec = mapping(spec, where)
+        if arm not in arms or not {"folder", "arm", "why"} <= set(spec) <= {"folder", "arm", "why", "seeds"}:
+            raise UsageError(f"{where} must name an arm and be {{folder: docs/results/OTHER, arm: NAME, why: TEXT}}, "
+                             "with seeds: [...] when only some seeds' records are reused.")
+        chosen = spec.get("seeds")
+        if "seeds" in spec and (not isinstance(chosen, list) or not chosen or len(set(chosen)) != len(chosen) or
+                                not set(chosen) <= set(seeds)):
+            raise UsageError(f"{where}.seeds = {chosen!r}; list distinct seeds of the study's seeds "
+                             "(or leave the key out to reuse every seed).")
+        reuse[arm] = dict(spec)
+    return reuse
+
+
+def _texts(data: dict, folder: Path) -> None:
+    """The keys that hold a commit or words: each a non-empty string where given."""
+    for key in ("frozen_commit", "other_commits", "cannot_run"):
+        if data.get(key) is not None and (not isinstance(data[key], str) or not data[key].strip()):
+            fix = {"frozen_commit": "`capo-trl study start` writes what it freezes (a frozen: block now).",
+                   "other_commits": "say in words why runs may come from other code (or leave the key out).",
+                   "cannot_run": "say in words why capo-trl study cannot run the study and what ran it (or leave the "
+                                 "key out)."}[key]
+            raise UsageError(f"{key_path(folder, key)} = {data[key]!r}; {fix}")
+
+
+def _collapse(data: dict, folder: Path) -> tuple:
+    collapse = mapping(data.get("collapse") or {}, key_path(folder, "collapse"))
+    tokens = number(collapse["mean_tokens"], key_path(folder, "collapse.mean_tokens"), 1) \
+        if "mean_tokens" in collapse else math.inf
+    finished = number(collapse.get("min_finished", 0.0), key_path(folder, "collapse.min_finished"), 0, high=1)
+    undefined = data.get("undefined_auroc")
+    if undefined is not None:
+        undefined = number(undefined, key_path(folder, "undefined_auroc"), 0, high=1)
+    return tokens, finished, undefined
+
+
+def load_study(folder: str | Path) -> Study:
+    """The study in ``folder`` (its ``study.yaml``), checked; a UsageError names the key and the fix."""
+    folder = Path(folder)
+    data = _read(folder)
+    kind = data["kind"]
+    measured = kind == "measurement"
     arms = read_arms(data["arms"], folder, kind)
     for key in ("task", "steps"):
         if data.get(key) in (None, "") and not measured and not all(getattr(a, key) for a in arms.values()):
@@ -205,65 +265,28 @@ def load_study(folder: str | Path) -> Study:
         raise UsageError(f"{key_path(folder, 'seeds')} must be a list of distinct integers, got {seeds!r}.")
     seeds = [number(s, key_path(folder, "seeds"), 0, integer=True) for s in seeds]
     budget = check_presets(data, arms, folder)
-    test = read_test(data.get("test"), key_path(folder, "test"))
-    deadline = None
-    if data["deadline"] is not None:
-        try:
-            deadline = datetime.datetime.fromisoformat(str(data["deadline"]))
-        except ValueError as err:
-            raise UsageError(f"{key_path(folder, 'deadline')} = {data['deadline']!r}; write it as "
-                             "2027-01-15T00:00:00+00:00.") from err
-        if deadline.tzinfo is None:
-            raise UsageError(f"{key_path(folder, 'deadline')} = {data['deadline']!r} has no time zone; add +00:00.")
-        deadline = deadline.isoformat()
-    reuse = {}
-    for arm, spec in mapping(data.get("reuse") or {}, key_path(folder, "reuse")).items():
-        where = key_path(folder, f"reuse.{arm}")
-        spec = mapping(spec, where)
-        if arm not in arms or not {"folder", "arm", "why"} <= set(spec) <= {"folder", "arm", "why", "seeds"}:
-            raise UsageError(f"{where} must name an arm and be {{folder: docs/results/OTHER, arm: NAME, why: TEXT}}, "
-                             "with seeds: [...] when only some seeds' records are reused.")
-        if "seeds" in spec:
-            chosen = spec["seeds"]
-            if not isinstance(chosen, list) or not chosen or len(set(chosen)) != len(chosen) or \
-                    not set(chosen) <= set(seeds):
-                raise UsageError(f"{where}.seeds = {chosen!r}; list distinct seeds of the study's seeds "
-                                 "(or leave the key out to reuse every seed).")
-        reuse[arm] = dict(spec)
+    deadline = _deadline(data["deadline"], folder)
+    reuse = _reuse(data.get("reuse"), folder, arms, seeds)
     steps = number(data["steps"], key_path(folder, "steps"), 1, integer=True) if data.get("steps") is not None else None
     _check_checkpoints(arms, folder, steps, reuse)
-    for key in ("frozen_commit", "other_commits"):
-        if data.get(key) is not None and (not isinstance(data[key], str) or not data[key].strip()):
-            raise UsageError(f"{key_path(folder, key)} = {data[key]!r}; "
-                             + ("`capo-trl study start` writes it (a commit)." if key == "frozen_commit" else
-                                "say in words why runs may come from other commits (or leave the key out)."))
-    cannot_run = data.get("cannot_run")
-    if cannot_run is not None and (not isinstance(cannot_run, str) or not cannot_run.strip()):
-        raise UsageError(f"{key_path(folder, 'cannot_run')} = {cannot_run!r}; say in words why capo-trl study cannot "
-                         "run the study and what ran it (or leave the key out).")
-    collapse = mapping(data.get("collapse") or {}, key_path(folder, "collapse"))
-    tokens = number(collapse.get("mean_tokens", math.inf), key_path(folder, "collapse.mean_tokens"), 1) \
-        if "mean_tokens" in collapse else math.inf
-    finished = number(collapse.get("min_finished", 0.0), key_path(folder, "collapse.min_finished"), 0, high=1)
-    undefined = data.get("undefined_auroc")
-    if undefined is not None:
-        undefined = number(undefined, key_path(folder, "undefined_auroc"), 0, high=1)
-    plan = None if measured else _plan(data, folder, arms, seeds, tokens, finished, undefined, deadline)
-    decision = data.get("decision")
-    if kind == "pilot" and decision is not None:
-        check_decision(mapping(decision, key_path(folder, "decision")), arms, key_path(folder, "decision"))
+    _texts(data, folder)
+    frozen = read_frozen(data["frozen"], key_path(folder, "frozen")) if data.get("frozen") is not None else None
+    plan = None if measured else _plan(data, folder, arms, seeds, *_collapse(data, folder), deadline)
+    if kind == "pilot" and data.get("decision") is not None:
+        check_decision(mapping(data["decision"], key_path(folder, "decision")), arms, key_path(folder, "decision"))
     criterion = data.get("criterion")
     if criterion is not None:
         criterion = check_criterion(criterion, key_path(folder, "criterion"), list(arms), seeds, ENDPOINTS)
-    study = Study(folder=folder, question=str(data["question"]), kind=kind, task=data.get("task"),
-                  steps=steps,
-                  arms=arms, seeds=seeds, test=test, deadline=deadline, model=data.get("model"), plan=plan,
-                  decision=decision, reuse=reuse,
-                  train_log=names(data["train_log"], key_path(folder, "train_log"), metrics=False)
-                  if data.get("train_log") is not None else TRAIN_LOG,
+    train_log = names(data["train_log"], key_path(folder, "train_log"), metrics=False) \
+        if data.get("train_log") is not None else TRAIN_LOG
+    study = Study(folder=folder, question=str(data["question"]), kind=kind, task=data.get("task"), steps=steps,
+                  arms=arms, seeds=seeds, test=read_test(data.get("test"), key_path(folder, "test")),
+                  deadline=deadline, model=data.get("model"), plan=plan, decision=data.get("decision"), reuse=reuse,
+                  train_log=train_log,
                   run_hours=number(data.get("run_hours", 6.0), key_path(folder, "run_hours"), 0.01),
-                  frozen_commit=data.get("frozen_commit"), other_commits=data.get("other_commits"),
-                  records=data.get("records") or RECORDS, budget=budget, cannot_run=cannot_run, criterion=criterion)
+                  frozen_commit=data.get("frozen_commit") or (frozen or {}).get("commit"), frozen=frozen,
+                  other_commits=data.get("other_commits"), records=data.get("records") or RECORDS, budget=budget,
+                  cannot_run=data.get("cannot_run"), criterion=criterion)
     _check_records(study.records, study)
     return study
 
@@ -300,62 +323,6 @@ def _plan(data: dict, folder: Path, arms: dict, seeds: list, tokens: float, fini
                 alternative=alternative(data["primary"], key_path(folder, "primary")), **extra)
 
 
-def _git(root: Path, *args: str) -> str | None:
-    try:
-        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
-
-
-CODE = Path(__file__).resolve().parents[3]  # the checkout this capo_trl is imported from (when it is one)
-
-
-def code_version() -> tuple[str | None, str | None]:
-    """The commit of the capo_trl being run and the tree of its ``src/`` (None, None when it is not a git checkout
-    or its ``src/`` has uncommitted changes). Two commits with the same ``src/`` run the same code."""
-    if _git(CODE, "status", "--porcelain", "--", "src") != "":
-        return None, None
-    return _git(CODE, "rev-parse", "HEAD"), _git(CODE, "rev-parse", "HEAD:src")
-
-
-def frozen_tree(commit: str) -> str | None:
-    """The ``src/`` tree of a study's frozen commit, looked up in the running code's repository."""
-    return _git(CODE, "rev-parse", f"{commit}:src")
-
-
-def changed_recipes(study: Study) -> list[str]:
-    """The arms' recipes whose text here differs from the frozen commit's: a recipe lies outside ``src/``, so the
-    code's check does not see it, yet it sets how an arm trains."""
-    root = repo_root(study.folder)
-    recipes = sorted({study.arms[arm].recipe for arm in study.own_arms() if study.arms[arm].recipe})
-    return [r for r in recipes if _git(root, "show", f"{study.frozen_commit}:{r}") != (root / r).read_text().strip()]
-
-
-def start(folder: str | Path) -> str:
-    """Freeze a study: refuse a dirty tree, write its commit into ``frozen_commit`` (the team then commits that)."""
-    study = load_study(folder)
-    refuse_unrunnable(study, "start")
-    root = repo_root(study.folder)
-    status = _git(root, "status", "--porcelain")
-    if status is None:
-        raise UsageError(f"{root} is not a git checkout; a study freezes the commit its runs use.")
-    if status:
-        raise UsageError(f"the tree at {root} has uncommitted changes; commit the protocol and study.yaml first, so "
-                         "the frozen commit holds them:\n" + status[:500])
-    if study.frozen_commit:
-        raise UsageError(f"{key_path(study.folder, 'frozen_commit')} is already {study.frozen_commit}; a study is "
-                         "started once.")
-    commit = _git(root, "rev-parse", "HEAD")
-    path = study.folder / FILE
-    text = path.read_text()
-    lines = [f"frozen_commit: {commit}" if line.startswith("frozen_commit:") else line for line in text.splitlines()]
-    if not any(line.startswith("frozen_commit:") for line in text.splitlines()):
-        lines.append(f"frozen_commit: {commit}")
-    path.write_text("\n".join(lines) + "\n")
-    return commit
-
-
 def refuse_unrunnable(study: Study, verb: str) -> None:
     """``capo-trl study start``, ``run`` and ``queue`` refuse a study whose file says today's runner cannot run it."""
     if study.cannot_run:
@@ -363,5 +330,5 @@ def refuse_unrunnable(study: Study, verb: str) -> None:
                          f"{' '.join(study.cannot_run.split())}")
 
 
-__all__ = ["ENDPOINTS", "FILE", "KEYS", "KINDS", "TRAIN_LOG", "Arm", "Plan", "Study", "Test", "code_version",
-           "frozen_tree", "load_study", "refuse_unrunnable", "repo_root", "start"]
+__all__ = ["ENDPOINTS", "FILE", "KEYS", "KINDS", "TRAIN_LOG", "Arm", "Plan", "Study", "Test", "load_study",
+           "refuse_unrunnable", "repo_root"]

@@ -16,8 +16,8 @@ never contradict each other. Those words too were written before the replication
 
 from __future__ import annotations
 
-from .evidence import _fill, _iv, pick_words, replication_words
-from .evidence_screen import PICK_LABELS
+from results_evidence import _fill, _iv, pick_words, replication_words
+from results_screen import PICK_LABELS
 
 PRESET_LABEL = "CAPO with the embedded preset's settings (relative tau, matched scale, no noise mask)"
 
@@ -36,7 +36,7 @@ def kept_better(r: dict | None) -> bool:
 def real_recommendation(pick: dict, preset: dict) -> dict:
     """Which configuration the library recommends for a real model. ``pick``: the pick's study at its look,
     ``preset``: the second study (the preset at 3e-4) at its look, each as
-    :func:`capo_trl.harness.evidence.measure_real` gives it. Returns ``kept`` (the pick's primary held above 0),
+    :func:`results_evidence.measure_real` gives it. Returns ``kept`` (the pick's primary held above 0),
     ``config`` ("pick" or "preset") and that study's primary interval and accuracy difference."""
     if not (pick["look"] and preset["look"]):
         raise ValueError("the recommendation follows both studies' looks; one has not had it yet")
@@ -50,7 +50,7 @@ def real_recommendation(pick: dict, preset: dict) -> dict:
 
 def recommendation_words(rec: dict, pick_label: str, replication: dict | None = None) -> str:
     """The recommendation in one plain sentence, for the README's first screen and the recommendation block
-    (``replication``: the replication's :func:`~capo_trl.harness.evidence.measure_real`, if it had its look)."""
+    (``replication``: the replication's :func:`~results_evidence.measure_real`, if it had its look)."""
     label = pick_label if rec["config"] == "pick" else PRESET_LABEL
     said = (f"pooled AUROC {_iv(rec['primary'])} against GRPO, accuracy {_iv(rec['accuracy'])}; measured on "
             "SmolLM2-135M-Instruct from a 4-bit quantised file, two-digit addition, learning rate 3e-4")
@@ -65,7 +65,7 @@ def recommendation_words(rec: dict, pick_label: str, replication: dict | None = 
 
 
 def pick_paragraphs(found: dict, preset: dict, pick: str, replication: dict | None = None) -> str:
-    """The pick study's words (``found``: its :func:`~capo_trl.harness.evidence.measure_real`; ``pick``: the pilot's
+    """The pick study's words (``found``: its :func:`~results_evidence.measure_real`; ``pick``: the pilot's
     arm) and, from its look, the recommendation its rule gives (``preset``: the second study at its look), then from
     the replication's own look its words (``replication``: its ``measure_real``): what the pick study's page and the
     recommendation block render and ``capo-trl demo`` prints."""

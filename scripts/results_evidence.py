@@ -14,10 +14,10 @@ import math
 import textwrap
 from typing import TYPE_CHECKING
 
-from .evidence_screen import PICK_LABELS
+from results_screen import PICK_LABELS
 
 if TYPE_CHECKING:
-    from .study import Study
+    from capo_trl.harness.study import Study
 
 # Every endpoint the protocols fix (primary, safety, descriptive), as the tables name them; E-AURC and ECE: lower
 # is better. Each contrast is CAPO without the mask minus GRPO, paired by seed, 95% t interval.
@@ -60,8 +60,8 @@ def measure(study: Study) -> dict:
     ``study.yaml`` fixes (CAPO without the mask and GRPO: its primary contrast's two arms)."""
     import numpy as np
 
-    from .paired import paired_test
-    from .study_report import analysis, records
+    from capo_trl.harness.paired import paired_test
+    from capo_trl.harness.study_report import analysis, records
 
     a = analysis(study)
     if a["look"] is None or not a["look"]["stop"]:
@@ -243,7 +243,7 @@ def measure_real(study: Study) -> dict:
     """A real-model study at the look that ends it, rounded as printed; before that look (``look`` False) only its
     safety reading: how many of the finished runs of each arm collapsed by its file's rule. ``grpo`` and ``nomask``
     are the means of its primary's two arms."""
-    from .study_report import analysis
+    from capo_trl.harness.study_report import analysis
 
     plan = study.plan
     a = analysis(study)
@@ -330,7 +330,7 @@ PICK_PENDING = (
 def pick_words(r: dict, pick: str) -> str:
     """The confirmatory study of the pilot's pick (``pick``: the pilot's arm), in words fixed before its look, as the
     earlier studies' were: before it that no result exists; at it the primary's verdict by the protocol's rule and
-    every pre-registered endpoint (:func:`capo_trl.harness.evidence.measure_real` gives ``r``)."""
+    every pre-registered endpoint (:func:`results_evidence.measure_real` gives ``r``)."""
     label = PICK_LABELS[pick]
     if not r["look"]:
         return _fill(PICK_PENDING.format(label=label, planned=r["planned"]))

@@ -4,7 +4,7 @@ committed files).
 
 Its words at the look of the study of the screening pilot's pick were written before that look, as that study's
 protocol ("Reporting") says: the real model's sentence then gives the pick's confirmatory result, and the first and
-last lines say what :func:`capo_trl.harness.evidence_verdict.real_recommendation` recommends: plainly, if no CAPO
+last lines say what :func:`results_verdict.real_recommendation` recommends: plainly, if no CAPO
 configuration kept calibration better than GRPO. The replication's result, from its own look, stands beside the
 pick study's (its protocol); those words were written before that look. No interval or p-value here: the pages
 linked from it hold them.
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import textwrap
 
-from .evidence import field_values
-from .evidence_screen import PICK_LABELS, screen_words
-from .evidence_verdict import at_look, kept_better, real_recommendation
+from results_evidence import field_values
+from results_screen import PICK_LABELS, screen_words
+from results_verdict import at_look, kept_better, real_recommendation
 
 
 def _said(r: dict) -> str:
@@ -77,11 +77,11 @@ def _replication_clause(rep: dict) -> str:
 
 def first_screen(tiny: dict, real: dict[str, dict], recommended: dict, screen: dict | None = None,
                  pick: dict | None = None, replication: dict | None = None) -> str:
-    """The README's first screen. ``tiny``: :func:`capo_trl.harness.evidence.measure` of the tiny models' study;
-    ``real``: :func:`capo_trl.harness.evidence.measure_real` of each study of the embedded preset on the real model,
+    """The README's first screen. ``tiny``: :func:`results_evidence.measure` of the tiny models' study;
+    ``real``: :func:`results_evidence.measure_real` of each study of the embedded preset on the real model,
     by its learning rate, in the order they ran (a study before its look is left out); ``recommended``: the fields
     of :data:`capo_trl.training.defaults.RECOMMENDED`; ``screen``: the screening pilot
-    (:func:`capo_trl.harness.evidence_screen.measure_screen`, None before its look); ``pick``: the study of its pick
+    (:func:`results_screen.measure_screen`, None before its look); ``pick``: the study of its pick
     (``measure_real``; before its look, the screen's clause stands in for it); ``replication``: the replication of
     that study on `addition-guess-half` (``measure_real``; said from its own look)."""
     looked = {rate: r for rate, r in real.items() if r["look"]}

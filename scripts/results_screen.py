@@ -1,6 +1,6 @@
 """What the real model's screening pilot found of the paper's settings, in words: the clause the README's first
 screen, the recommendation block and ``capo-trl demo`` print beside the confirmatory studies (whose words, the
-study of the pilot's pick among them, are :mod:`capo_trl.harness.evidence`'s).
+study of the pilot's pick among them, are :mod:`results_evidence`'s).
 
 The pilot is exploratory (three seeds, a decision rule, no test), so its words give means and drift counts, never a
 verdict. The demo runs without docs/results/, so its numbers are kept here (:data:`SCREEN_RESULT`, rounded as
@@ -14,7 +14,7 @@ import textwrap
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .study import Study
+    from capo_trl.harness.study import Study
 
 # The pilot's arm that runs the recommended configuration (CAPOConfig's defaults, the paper's settings), and the
 # same without the noise mask: the two the words name.
@@ -35,7 +35,7 @@ def measure_screen(study: Study) -> dict | None:
     until every run has finished (its look)."""
     import numpy as np
 
-    from .study_report import _value, records, screen
+    from capo_trl.harness.study_report import _value, records, screen
 
     runs = records(study)
     if any(len(runs[arm]) < len(study.seeds) for arm in study.arms):
