@@ -202,6 +202,11 @@ def test_a_study_frozen_at_a_commit_runs_under_that_src_tree_only(tmp_path, monk
     monkeypatch.setattr(study_report, "records", lambda study, into=None: runs)
     with pytest.raises(UsageError, match="several versions of src/"):
         study_report.report(study)
+    wheels = {"grpo": {0: {**base, "capo_trl": "1.2.0", "src_tree": None}},  # from wheels: their versions
+              "capo": {0: {**base, "capo_trl": "1.3.0", "src_tree": None}}}
+    monkeypatch.setattr(study_report, "records", lambda study, into=None: wheels)
+    with pytest.raises(UsageError, match=r"several versions of src/ \['capo-trl 1.2.0', 'capo-trl 1.3.0'\]"):
+        study_report.report(study)
 
 
 FAKE_CLI = """import json, os, sys

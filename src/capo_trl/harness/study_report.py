@@ -60,9 +60,12 @@ def checks(study: Study, runs: dict | None = None) -> dict:
 
 
 def mixed_commits(study: Study, runs: dict) -> list[str]:
-    """The code the study's own records ran under (the ``src/`` tree of their commits), when there is more than one
-    and its file allows none."""
-    trees = sorted({str(runs[arm][seed].get("src_tree")) for arm, seed in study.own_runs() if seed in runs[arm]})
+    """The code the study's own records ran under (the ``src/`` tree of their commits, or from a wheel the capo-trl
+    version), when there is more than one and its file allows none."""
+    def code(record):
+        return str(record.get("src_tree") or (f"capo-trl {record['capo_trl']}" if record.get("capo_trl") else None))
+
+    trees = sorted({code(runs[arm][seed]) for arm, seed in study.own_runs() if seed in runs[arm]})
     return trees if len(trees) > 1 and not study.other_commits else []
 
 
@@ -131,7 +134,7 @@ def report(study: Study, into=None) -> str:
     runs = records(study, into)
     if mixed := mixed_commits(study, runs):
         raise UsageError(f"{study.name}: its records ran under several versions of src/ {mixed}; a study does not mix them "
-                         "(rerun the odd ones at the frozen commit, or say in study.yaml's other_commits why they "
+                         "(rerun the odd ones with the frozen capo-trl, or say in study.yaml's other_commits why they "
                          "may be mixed).")
     if study.kind == "confirmatory":
         config = {"seeds": study.seeds}
