@@ -342,7 +342,7 @@ def test_the_real_model_second_study_runs_what_its_protocol_says(capsys):
     assert f"is {sd:.3f}" in protocol
     assert main(["study", "plan", str(RESULTS / "smollm2-lr-study"), "--sd", repr(sd), "--effect", "0.05",
                  "--max_seeds", "24"]) == 0
-    said = capsys.readouterr().out
+    said, cost = capsys.readouterr().out.splitlines()
     power, doubled = said.split("power ")[1].split()[0], said.rsplit(": ", 1)[1].strip()
     assert said.startswith("12 seeds: ") and f"power {power} with 12 seeds" in protocol
     assert f"the power is {doubled}" in protocol

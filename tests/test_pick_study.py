@@ -41,7 +41,7 @@ def test_the_pick_study_tests_the_pilots_pick_as_its_protocol_says():
 
 def test_the_pick_studys_seeds_come_from_the_power_its_protocol_states(capsys):
     assert main(["study", "plan", str(RESULTS / "smollm2-lr-study"), "--sd", "0.057", "--effect", "0.05"]) == 0
-    said = capsys.readouterr().out
+    said = capsys.readouterr().out.splitlines()[0]
     protocol = (RESULTS / "smollm2-pick-study" / "protocol.md").read_text()
     assert said.startswith("13 seeds: ")
     power, doubled = said.split("power ")[1].split()[0], said.rsplit(": ", 1)[1].strip()

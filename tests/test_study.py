@@ -335,6 +335,27 @@ def test_the_report_is_the_hand_computation_of_its_records(tmp_path):
     assert ast.literal_eval(repr(measured)) == measured
 
 
+def test_plan_prices_the_study_from_the_first_finished_run_of_each_arm(tmp_path, capsys):
+    """Core-hours for the planned seeds from each arm's first finished record (every training attempt and the test,
+    one thread each); before one of each arm has finished, it says which to run."""
+    folder = project(tmp_path)
+    (folder / "grpo").mkdir()
+    (folder / "grpo" / "seed1.json").write_text(json.dumps({"train_s": [600, 1200], "test_s": 300}))
+    plan = ["study", "plan", str(folder), "--sd", "0.05", "--effect", "0.05"]
+    assert main(plan) == 0
+    assert capsys.readouterr().out.splitlines()[1] == (
+        f"cost: unknown until a run of each arm has finished (capo have none): run one (capo-trl study run {folder} "
+        "capo 0) and plan again")
+    (folder / "capo").mkdir()
+    (folder / "capo" / "seed0.json").write_text(json.dumps({"train_s": [1500], "test_s": 300}))
+    assert main(plan) == 0
+    seeds, cost = capsys.readouterr().out.splitlines()
+    hours = int(seeds.split()[0]) * (2100 + 1800) / 3600
+    assert cost == (f"cost: {hours:.1f} core-hours for {seeds.split()[0]} seeds x 2 arms ({hours / 2:.1f} h on two "
+                    "slots), from the first finished run of each arm (grpo seed 1: 35 core-min, capo seed 0: 30 "
+                    "core-min)")
+
+
 def study_report(folder: Path) -> str:
     from capo_trl.harness.study_report import report
 

@@ -146,4 +146,31 @@ def _plan(args) -> int:
     print(f"{seeds} seeds: power {table[seeds]:.2f} for a true difference {args.effect} with SD {args.sd} of the "
           f"paired differences (paired t, {'one' if args.one_sided else 'two'}-sided alpha {args.alpha}); with twice "
           f"that SD: {t_power(args.effect, 2 * args.sd, seeds, args.alpha, args.one_sided):.2f}")
+    print(_cost(args.folder, seeds))
     return 0
+
+
+def _cost(folder: Path, seeds: int) -> str:
+    """What ``seeds`` seeds of the study cost, from the first finished run of each arm it runs (its record's
+    ``train_s``, every attempt, and ``test_s``: one thread each, so core-seconds)."""
+    import json
+
+    from ..harness.study import load_study
+
+    study = load_study(folder)
+    each = {}
+    for arm in study.own_arms():
+        for seed in study.seeds:
+            path = study.record_path(arm, seed)
+            record = json.loads(path.read_text()) if path.is_file() else {}
+            if "train_s" in record and "test_s" in record:
+                each[arm] = (seed, sum(record["train_s"]) + record["test_s"])
+                break
+    missing = [arm for arm in study.own_arms() if arm not in each]
+    if missing:
+        return (f"cost: unknown until a run of each arm has finished ({', '.join(missing)} have none): run one "
+                f"(capo-trl study run {folder} {missing[0]} {study.seeds[0]}) and plan again")
+    hours = seeds * sum(s for _, s in each.values()) / 3600
+    runs = ", ".join(f"{arm} seed {seed}: {s / 60:.0f} core-min" for arm, (seed, s) in each.items())
+    return (f"cost: {hours:.1f} core-hours for {seeds} seeds x {len(each)} arms ({hours / 2:.1f} h on two slots), "
+            f"from the first finished run of each arm ({runs})")
