@@ -26,7 +26,7 @@ import yaml
 
 from .. import __version__
 from ..errors import UsageError
-from ..harness.study_freeze import code_version, digest, study_digest
+from ..harness.study_freeze import code_version, digest, recipe_digests, study_digest
 from ..harness.study_keys import FILE, key_path, repo_root
 
 PROMPTS = 32  # train prompts sampled per setting
@@ -130,11 +130,9 @@ def _signal(where: str, args, model, tokenizer, problems) -> str:
 
 
 def _key(study) -> str:
-    root = repo_root(study.folder)
-    recipes = sorted({study.arms[a].recipe for a in study.own_arms() if study.arms[a].recipe})
+    """What a check's result depends on: the study file's content, its recipes' text and the code."""
     parts = {"study": study_digest(yaml.safe_load((study.folder / FILE).read_text())), "capo_trl": __version__,
-             "code": code_version()[1], "model": study.model,
-             "recipes": {r: digest((root / r).read_bytes()) for r in recipes}}
+             "code": code_version()[1], "recipes": recipe_digests(study)}
     return digest(json.dumps(parts, sort_keys=True))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import io
 import json
 import math
@@ -44,6 +45,7 @@ def demo_budget(task: str = DEMO_TASK, **fields) -> Budget:
     return Budget(task=task, **chosen)
 
 
+@functools.cache
 def committed() -> dict:
     """What the committed studies say, as the package ships it (``assets/committed_studies.json``, written from
     docs/results/ by ``scripts/results_demo.py`` and held equal to the records by a test)."""

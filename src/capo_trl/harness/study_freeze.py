@@ -80,12 +80,18 @@ def _recipes(study) -> list[str]:
     return sorted({study.arms[arm].recipe for arm in study.own_arms() if study.arms[arm].recipe})
 
 
+def recipe_digests(study) -> dict:
+    """Each recipe the study's own arms train with, by its path, and the digest of its text here."""
+    root = repo_root(study.folder)
+    return {r: digest((root / r).read_bytes()) for r in _recipes(study)}
+
+
 def changed_recipes(study) -> list[str]:
     """The arms' recipes whose text differs from the frozen one: a recipe lies outside the code, yet it sets how an
     arm trains (digests in the file; a file frozen before them: the text at the frozen commit)."""
     root = repo_root(study.folder)
     if study.frozen is not None:
-        return [r for r in _recipes(study) if study.frozen["recipes"].get(r) != digest((root / r).read_bytes())]
+        return [r for r, text in recipe_digests(study).items() if study.frozen["recipes"].get(r) != text]
     return [r for r in _recipes(study)
             if _git(root, "show", f"{study.frozen_commit}:{r}") != (root / r).read_text().strip()]
 
@@ -180,7 +186,7 @@ def start(study) -> dict:
     data = yaml.safe_load(path.read_text())
     frozen = {"commit": _git(root, "rev-parse", "HEAD"), "capo_trl": __version__, "capo_trl_commit": commit,
               "study": study_digest(data),
-              "recipes": {r: digest((root / r).read_bytes()) for r in _recipes(study)}}
+              "recipes": recipe_digests(study)}
     kept = [line for line in path.read_text().splitlines() if line.split(":")[0] not in ("frozen_commit", "frozen")]
     block = yaml.safe_dump({"frozen": frozen}, sort_keys=False, width=1000).rstrip()
     path.write_text("\n".join(kept) + "\n# written by `capo-trl study start`: what the runs depend on (run and "
