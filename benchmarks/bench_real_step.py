@@ -67,6 +67,13 @@ VARIANTS = {
     "CAPO paper settings": ("capo", {**PAPER, **SHARED}, TOP4, torch.float32),
     "CAPO paper settings w/o prompt sharing in the loss": ("capo", {**PAPER, "share_prompt_prefill": True}, TOP4,
                                                            torch.float32),
+    # the layers below the adapters run once per row for the reference and the loss (share_lower_layers, on by
+    # default wherever it applies): off, as every step ran before it
+    "CAPO paper settings w/o sharing the lower layers": ("capo", {**PAPER, **SHARED, "share_lower_layers": False},
+                                                         TOP4, torch.float32),
+    "GRPO recipe + bf16 weights": ("capo", {"advantage_estimator": "grpo", **SHARED, "skip_zero_advantage_rows": True},
+                                   TOP4, torch.bfloat16),
+    "CAPO paper settings + bf16 weights": ("capo", {**PAPER, **SHARED}, TOP4, torch.bfloat16),
 }
 PAIRS = [("CAPO recipe", "GRPO recipe"), ("GRPO recipe", "TRL GRPOTrainer"), ("CAPO recipe", "TRL GRPOTrainer"),
          ("CAPO recipe w/o prompt sharing in the loss", "CAPO recipe"),
@@ -75,7 +82,11 @@ PAIRS = [("CAPO recipe", "GRPO recipe"), ("GRPO recipe", "TRL GRPOTrainer"), ("C
          ("CAPO recipe + activation checkpointing", "CAPO recipe w/o prompt sharing in the loss"),
          ("CAPO recipe + LoRA on all layers", "CAPO recipe"), ("CAPO recipe + 16 completions", "CAPO recipe"),
          ("CAPO recipe + bf16 weights", "CAPO recipe"), ("CAPO paper settings", "CAPO recipe"),
-         ("CAPO paper settings w/o prompt sharing in the loss", "CAPO paper settings")]
+         ("CAPO paper settings w/o prompt sharing in the loss", "CAPO paper settings"),
+         ("CAPO paper settings", "GRPO recipe"), ("CAPO paper settings w/o sharing the lower layers", "GRPO recipe"),
+         ("CAPO paper settings", "CAPO paper settings w/o sharing the lower layers"),
+         ("GRPO recipe + bf16 weights", "GRPO recipe"), ("CAPO paper settings + bf16 weights", "CAPO paper settings"),
+         ("CAPO paper settings + bf16 weights", "GRPO recipe + bf16 weights")]
 assert not any("," in name for name in VARIANTS)  # --variants splits on commas
 # the default set; bf16 only where the CPU computes it natively (else ask for it by name)
 DEFAULT = ["TRL GRPOTrainer", "GRPO recipe", "CAPO recipe", "CAPO recipe w/o prompt sharing in the loss",

@@ -145,6 +145,15 @@ class CAPOConfig(*_METHOD_ARGS, GRPOConfig):
             TRL's up to float rounding (hence off by default). Worth it when prompts are long next to
             completions. Needs `activation_checkpointing=False` (checkpointing turns the cache off) and
             one process; not with a method that reads the full logits or its own sequence loss.
+        share_lower_layers (`bool` or `None`, defaults to `None`):
+            With a PEFT adapter on a model's top layers, the noise mask's reference forward records the hidden
+            states entering the lowest adapted layer, and the loss forward of the same rows starts from them
+            (`capo_trl.training.lower_layers`): the layers below the adapter, which compute the same thing for
+            the policy and the reference, run once per row instead of twice. The same log-probs and gradient up
+            to float rounding. It holds one hidden state per token of a generation batch's scored rows until
+            the next batch. `None`: on wherever it applies (the mask's own reference forward at `beta=0` through
+            a PEFT adapter, `share_prompt_in_loss`, an adapter above layer 0 with nothing trainable below);
+            `True`: on (an error where it does not apply); `False`: off. Logged as `capo/lower_layers_shared`.
         method_kwargs (`dict` or `None`, defaults to `None`):
             Settings of a method defined outside capo-trl, checked against its `Args` dataclass.
     """
@@ -226,6 +235,12 @@ class CAPOConfig(*_METHOD_ARGS, GRPOConfig):
                   "with its rows (the same log-probs and gradient up to float rounding). Needs "
                   "activation_checkpointing=false and one process. Default false: GRPOTrainer's own loss forward."},
     )
+    share_lower_layers: bool | None = field(
+        default=None,
+        metadata={"help": "With a PEFT adapter on the top layers, run the layers below it once for the mask's "
+                  "reference and the loss forward (the same log-probs up to float rounding). Default (None): on "
+                  "wherever it applies; true: on (an error where it does not); false: off."},
+    )
     method_kwargs: dict | str | None = field(
         default=None,
         metadata={"help": "Settings of a method defined outside capo-trl (its Args dataclass), as a mapping (or a "
@@ -248,6 +263,7 @@ class CAPOConfig(*_METHOD_ARGS, GRPOConfig):
             self.noise_mask = method.default_noise_mask
         super().__post_init__()  # reconciles activation_checkpointing with its deprecated alias
         self._check_prompt_sharing(method)
+        self._check_lower_layers()
         refuse_contradictions(self, self.noise_mask)
         resolve_skipping(self, method(self))  # the method's own constraints (loss_type, beta, ...), then ours
         warn_ineffective(self, method, self.noise_mask)  # last: a refused configuration warns of nothing
@@ -266,6 +282,19 @@ class CAPOConfig(*_METHOD_ARGS, GRPOConfig):
             raise ValueError(f"CAPOConfig.share_prompt_in_loss=True does not work with {blockers[0]}; or set "
                              "share_prompt_in_loss=False.")
 
+    def _check_lower_layers(self) -> None:
+        """``share_lower_layers=True`` needs the mask's own reference forward, through the shared loss forward."""
+        if self.share_lower_layers is not True:
+            return
+        blockers = [why for on, why in (
+            (not self.noise_mask, "noise_mask off (no reference forward to share with); turn the mask on"),
+            (self.beta != 0.0, f"beta={self.beta} (TRL's reference forward, not the mask's); set beta=0"),
+            (not self.share_prompt_in_loss, "share_prompt_in_loss=False (both forwards must be the shared one); "
+             "set share_prompt_in_loss=True")) if on]
+        if blockers:
+            raise ValueError(f"CAPOConfig.share_lower_layers=True does not apply with {blockers[0]}; or leave "
+                             "share_lower_layers unset.")
+
     def _validate_capo_fields(self, method) -> None:
         def bad(name, allowed):
             return ValueError(f"CAPOConfig.{name}={getattr(self, name)!r} is invalid; {allowed}.")
@@ -283,6 +312,8 @@ class CAPOConfig(*_METHOD_ARGS, GRPOConfig):
             raise bad("correct_threshold", "it must be a finite number")
         if self.noise_mask not in (None, True, False):
             raise bad("noise_mask", "use true, false, or leave it unset")
+        if self.share_lower_layers not in (None, True, False):
+            raise bad("share_lower_layers", "use true, false, or leave it unset")
         mask_on = self.noise_mask if self.noise_mask is not None else method.default_noise_mask
         if mask_on and getattr(self, "sync_ref_model", False):
             raise ValueError(

@@ -89,8 +89,15 @@ class MethodLosses:
         if self.method.token_logps is None:
             if (self.args.share_prompt_in_loss and not compute_aux_loss and input_ids.size(1) - logits_to_keep >= 2
                     and all(v is None for v in multimodal.values())):
+                lower, counts = self._lower, None
+                if lower is not None:
+                    counts = (lower.replayed, lower.forwarded)
                 logps, entropy = shared_prompt_logps(model, input_ids, attention_mask, logits_to_keep, batch_size,
-                                                     compute_entropy, self.accelerator.autocast)
+                                                     compute_entropy, self.accelerator.autocast, lower)
+                if counts is not None:  # chunks of this forward that started above the shared layers
+                    share = (lower.replayed - counts[0]) / max(lower.forwarded - counts[1], 1)
+                    self._log_local("train" if self.model.training else "eval", {"capo/lower_layers_shared": share},
+                                    logps.device)
                 return logps, entropy, None
             return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep,
                                                               batch_size, compute_entropy, compute_aux_loss,

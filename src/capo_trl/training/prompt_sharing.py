@@ -12,13 +12,16 @@ prompt's gradient over its rows, as the unshared forward's would be summed.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from ..evaluation.prefill import _cache_argument
+from .lower_layers import row_keys
 
 
 def shared_prompt_logps(model, input_ids, attention_mask, logits_to_keep: int, batch_size: int | None,
-                        compute_entropy: bool, autocast):
+                        compute_entropy: bool, autocast, lower=None):
     """TRL's ``(logps, entropies)`` of the last ``logits_to_keep`` tokens, each distinct prompt forwarded once.
 
     ``model`` is what TRL's loss forwards (PEFT and accelerate wrappers included; its fused LM head is
@@ -34,16 +37,31 @@ def shared_prompt_logps(model, input_ids, attention_mask, logits_to_keep: int, b
         ids, mask = input_ids[start:start + batch_size], attention_mask[start:start + batch_size]
         prompt, prompt_mask = ids[:, :prompt_len - 1], mask[:, :prompt_len - 1]
         unique, row_of = torch.unique(torch.cat([prompt, prompt_mask], dim=1), dim=0, return_inverse=True)
+        unique_ids, unique_mask = unique[:, :prompt_len - 1], unique[:, prompt_len - 1:]
+        keys = (row_keys(unique_ids, unique_mask), row_keys(ids, mask)) if lower is not None else None
+        states = [lower.find(k) for k in keys] if keys else [None]
+        replay = all(s is not None for s in states)  # both calls of the chunk start above the shared layers
+        if lower is not None:
+            lower.forwarded += 1
+            lower.replayed += int(replay)
+
+        def run(index, call, **inputs):
+            if replay:
+                inputs = {"inputs_embeds": torch.stack(states[index])}
+                scope = lower.replay()
+            else:
+                scope = lower.capture(keys[index]) if lower is not None else contextlib.nullcontext()
+            with autocast(), scope:
+                return model(**inputs, **call)
+
         cache = DynamicCache(config=getattr(model, "config", None))
-        with autocast():
-            model(input_ids=unique[:, :prompt_len - 1], attention_mask=unique[:, prompt_len - 1:], use_cache=True,
-                  logits_to_keep=1, **{key: cache})
+        run(0, {"attention_mask": unique_mask, "use_cache": True, "logits_to_keep": 1, key: cache},
+            input_ids=unique_ids)
         cache.batch_select_indices(row_of)  # row i reads its prompt's cache row (a gather: gradients add up)
         tail = ids[:, prompt_len - 1:]  # the last prompt token predicts the first completion token
         labels = tail.masked_fill(mask[:, prompt_len - 1:] == 0, -100)
         labels[:, 0] = -100
-        with autocast():
-            out = model(input_ids=tail, attention_mask=mask, labels=labels, fused_lm_head=True, **{key: cache})
+        out = run(1, {"attention_mask": mask, "labels": labels, "fused_lm_head": True, key: cache}, input_ids=tail)
         logps.append(out.log_probs[:, -logits_to_keep:])
         if compute_entropy:
             entropies.append(out.entropy[:, -logits_to_keep:])

@@ -65,11 +65,13 @@ class ReferenceScoring:
         """Forwards through the model are collectives (ZeRO-3 or FSDP)."""
         return bool(self._dist.is_zero3 or self.is_fsdp_enabled)
 
-    def _forward_logps(self, model, out, rows: torch.Tensor | None = None, shared: bool = False) -> torch.Tensor:
+    def _forward_logps(self, model, out, rows: torch.Tensor | None = None, shared: bool = False,
+                       lower=None) -> torch.Tensor:
         """One no-grad forward through TRL's own log-prob routine (same temperature and masking as the loss).
 
         ``shared``: each distinct prompt runs once (:func:`shared_prompt_logps`, the loss's ``share_prompt_in_loss``
-        forward): the same log-probs up to float rounding, for a fraction of the prompt's cost.
+        forward): the same log-probs up to float rounding, for a fraction of the prompt's cost; ``lower`` records
+        its rows' states below the adapter for that forward (:mod:`~capo_trl.training.lower_layers`).
         """
         extra = {k: out[k] for k in FORWARD_KEYS if k in out}
         if rows is not None and extra:
@@ -82,7 +84,7 @@ class ReferenceScoring:
               scoring_mode(model, self.accelerator.device)):
             if shared and not extra and out["prompt_ids"].size(1) >= 2:
                 logps, _ = shared_prompt_logps(model, input_ids, attention_mask, width, batch_size, False,
-                                               self.accelerator.autocast)
+                                               self.accelerator.autocast, lower)
             else:
                 logps, _, _ = self._get_per_token_logps_and_entropies(model, input_ids, attention_mask, width,
                                                                       batch_size=batch_size, **extra)
@@ -222,8 +224,9 @@ class ReferenceScoring:
             logps = self._forward_logps(self._capo_ref_model, out, rows, shared)
         else:  # PEFT: the "ref" adapter (a frozen copy of the initial one), or the base model for a fresh adapter
             unwrapped = self.accelerator.unwrap_model(self.model)
-            with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None):
-                logps = self._forward_logps(self.model, out, rows, shared)
+            recording = self._lower.recording() if self._lower is not None else contextlib.nullcontext()
+            with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None), recording:
+                logps = self._forward_logps(self.model, out, rows, shared, self._lower)
         fresh = mean_token_logprob(logps, loss_mask[missing])
         used = todo[forward]  # rows scored only to keep the forwards collective stay NaN, as without sharding
         missing, fresh = missing[used.to(missing.device)], fresh[used.to(fresh.device)]

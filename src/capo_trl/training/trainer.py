@@ -43,6 +43,7 @@ from .config import MASK_FREE_NORMALISER, CAPOConfig
 from ..errors import UsageError
 from .answers import span_source
 from .losses import MethodLosses
+from .lower_layers import lower_layer_states
 from .mask import NoiseMask
 from ..methods import AdvantageInputs, Rollout, resolve_method
 from ..methods.base import verbalized_inputs
@@ -191,6 +192,7 @@ class CAPOTrainer(CheckpointedState, MethodLosses, ReferenceScoring, GRPOTrainer
             raise UsageError(f"CAPOConfig.share_prompt_in_loss=True runs in one process only (it has not run with "
                              f"{self.accelerator.num_processes}); set share_prompt_in_loss=False.")
         self._method_state = self.method.make_state(self.num_generations)
+        self._lower = lower_layer_states(self, args)
         context = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
         check_prompt_lengths(self.train_dataset, getattr(self.processing_class, "tokenizer", self.processing_class),
                              context, self.max_completion_length, "train_dataset")
@@ -266,6 +268,8 @@ class CAPOTrainer(CheckpointedState, MethodLosses, ReferenceScoring, GRPOTrainer
 
     def _generate_and_score_completions(self, inputs):
         self._record = record = StepRecord()
+        if self._lower is not None:  # states of the previous batch's rows: not needed again
+            self._lower.clear()
         out = super()._generate_and_score_completions(inputs)
         mode = "train" if self.model.training else "eval"
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
