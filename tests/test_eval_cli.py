@@ -82,13 +82,15 @@ def test_an_existing_report_is_not_overwritten_without_overwrite(tiny_model_dir,
     out = tmp_path / "out"
     assert _eval(tiny_model_dir, out, "--plots") == 0
     first = (out / "report.json").read_text()
+    assert json.loads(first)["config"]["dtype"] == "float32"  # on a CPU, unless --dtype says otherwise
     assert (out / "reliability.png").is_file()
     capsys.readouterr()
     assert _eval(tiny_model_dir, out, "--seed", "1") == 2
     _one_line_error(capsys, "not empty", "--overwrite")
     assert (out / "report.json").read_text() == first
-    assert _eval(tiny_model_dir, out, "--seed", "1", "--overwrite") == 0
-    assert json.loads((out / "report.json").read_text())["config"]["seed"] == 1
+    assert _eval(tiny_model_dir, out, "--seed", "1", "--overwrite", "--dtype", "bfloat16") == 0
+    config = json.loads((out / "report.json").read_text())["config"]
+    assert (config["seed"], config["dtype"]) == (1, "bfloat16")
     assert not (out / "reliability.png").exists()  # a stale plot of the replaced report is removed
     capsys.readouterr()
     (tmp_path / "a-file").write_text("x")

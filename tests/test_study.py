@@ -56,6 +56,7 @@ def project(tmp_path: Path, **changes) -> Path:
     ({"test": {"problem": 5}}, r"test: unknown keys \['problem'\]; the keys are \['problems'"),
     ({"test": {"split": "nosuch"}}, r"test.split = 'nosuch'; use one of \['train', 'validation', 'test'\]"),
     ({"test": {"samples": 0}}, "test.samples = 0; it must be an integer >= 1"),
+    ({"test": {"dtype": "bf16"}}, r"test.dtype = 'bf16'; use one of \['float32', 'bfloat16'\]"),
     ({"other_commits": 123}, "other_commits = 123; say in words why"),
 ])
 def test_a_bad_study_file_names_the_key_and_the_fix(tmp_path, changes, match):
@@ -436,6 +437,9 @@ def test_arms_may_run_their_own_task_and_steps_and_records_follow_the_pattern(tm
     args = study_run._train_args(study, "capo", 0, tmp_path)
     assert args[args.index("--dataset_name") + 1] == "arithmetic" and args[args.index("--max_steps") + 1] == "4"
     assert study_run._test_args(study, "grpo", tmp_path)[4] == "guess"
+    assert "--dtype" not in study_run._test_args(study, "grpo", tmp_path)  # float32: the command of every record
+    bf16 = load_study(project(tmp_path / "bf16", test={"problems": 4, "dtype": "bfloat16"}))
+    assert study_run._test_args(bf16, "grpo", tmp_path)[-2:] == ["--dtype", "bfloat16"]
 
 
 def test_a_study_the_runner_cannot_run_is_refused_with_the_files_reason(tmp_path, capsys):

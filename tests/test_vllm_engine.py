@@ -305,3 +305,26 @@ def test_server_mode_trls_client_generates_and_the_trainer_refuses_on_a_cpu(mode
                                                                     "vllm_server_port": port, "max_steps": 1})
         with pytest.raises(NotImplementedError, match="needs a CUDA device"):
             CAPOTrainer(model=model_dir, reward_funcs=parity, args=args, train_dataset=data)
+
+
+def test_capo_trl_eval_samples_with_the_cpu_engine(model_dir, tmp_path):  # noqa: F811
+    """`capo-trl eval --backend vllm` on vLLM's CPU build, in a process of its own (its own engine): it failed there
+    until the per-request seed was left to the engine ("CPU Generator does not use offset")."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "eval"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-m", "capo_trl", "eval", "--model", str(model_dir), "--benchmark",
+                           "addition", "--limit", "4", "--n", "4", "--max_new_tokens", "16", "--backend", "vllm",
+                           "--out", str(out), "--no_progress"], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["config"]["backend"] == "vllm" and report["metrics"]["n_samples"] == 16
+    import csv
+
+    with open(out / "samples.csv", newline="") as f:
+        scores = [float(row["score"]) for row in csv.DictReader(f)]
+    assert len(scores) == 16 and all(math.isfinite(s) and s <= 0 for s in scores), scores

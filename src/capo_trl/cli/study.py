@@ -157,14 +157,16 @@ def _cost(folder: Path, seeds: int) -> str:
 
     from ..harness.study import load_study
 
+    from ..harness.study_report import run_seconds
+
     study = load_study(folder)
     each = {}
     for arm in study.own_arms():
         for seed in study.seeds:
             path = study.record_path(arm, seed)
-            record = json.loads(path.read_text()) if path.is_file() else {}
-            if "train_s" in record and "test_s" in record:
-                each[arm] = (seed, sum(record["train_s"]) + record["test_s"])
+            seconds = run_seconds(json.loads(path.read_text())) if path.is_file() else None
+            if seconds is not None:
+                each[arm] = (seed, sum(seconds))
                 break
     missing = [arm for arm in study.own_arms() if arm not in each]
     if missing:

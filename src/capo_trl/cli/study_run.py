@@ -75,7 +75,8 @@ def _test_args(study: Study, arm: str, run: Path) -> list[str]:
     return ["eval", "--model", str(run), "--benchmark", study.arm_task(arm), "--split", t.split, "--limit",
             str(t.problems), "--n", str(t.samples), "--max_new_tokens", str(t.max_new_tokens), "--batch_size",
             str(t.batch_size), "--seed", str(t.seed), "--device", "cpu", "--no_progress", "--out", str(run / "test"),
-            "--overwrite"]
+            "--overwrite"] + (["--dtype", t.dtype] if t.dtype != "float32" else []) + \
+        (["--sampler", t.sampler] if t.sampler != "multinomial" else [])
 
 
 def _command(args: list[str]) -> int:

@@ -134,6 +134,7 @@ def _json_safe(x):
 # ------------------------------------------------------------------------------------ inputs
 def check_settings(n: int, ks: list[int] | None = None, temperature: float = 1.0, top_p: float = 1.0,
                    top_k: int = 0, max_new_tokens: int = 1024, batch_size: int = 64, backend: str = "transformers",
+                   sampler: str = "multinomial",
                    names: dict[str, str] | None = None) -> list[int]:
     """Check the sampling settings of :func:`evaluate` (cheap: call it before loading any model).
 
@@ -158,6 +159,11 @@ def check_settings(n: int, ks: list[int] | None = None, temperature: float = 1.0
         raise UsageError(f"{name('top_k')} must be an integer >= 0 (0 disables top-k), got {top_k!r}.")
     if backend not in ("transformers", "vllm"):
         raise UsageError(f"{name('backend')}={backend!r}; expected 'transformers' or 'vllm'.")
+    if sampler not in ("multinomial", "inverse_cdf"):
+        raise UsageError(f"{name('sampler')}={sampler!r}; expected 'multinomial' or 'inverse_cdf'.")
+    if sampler != "multinomial" and backend == "vllm":
+        raise UsageError(f"{name('sampler')}={sampler!r} draws transformers' tokens; vLLM samples by itself: leave it "
+                         "at 'multinomial' with the vllm backend.")
     ks = sorted(set(ks or default_ks(n)))
     if ks[0] < 1 or ks[-1] > n:
         raise UsageError(f"{name('ks')}: every k must be in [1, {name('n')} = {n}], got {ks}; lower the k values "
@@ -189,7 +195,8 @@ def _as_problems(problems) -> list[dict]:
 
 def evaluate(model, tokenizer, problems, n: int = 16, *, ks: list[int] | None = None,
              temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = 1024,
-             batch_size: int = 64, backend: str = "transformers", grader=None, seed: int | None = 0,
+             batch_size: int = 64, backend: str = "transformers", sampler: str = "multinomial", grader=None,
+             seed: int | None = 0,
              n_bins: int = 10, bootstrap: int = 1000, progress: bool = True, device=None,
              dtype=None, calibrate_on=None, calibration: str = "platt", target_precision: float | None = None,
              selective_confidence: float = 0.95) -> EvalResult:
@@ -201,7 +208,9 @@ def evaluate(model, tokenizer, problems, n: int = 16, *, ks: list[int] | None = 
     ``grader``: anything with ``grade(texts, golds)``, ``extract(texts)`` and
     ``equivalent(a, b)``, by default a :class:`~capo_trl.rewards.MathReward`. ``temperature=0``
     is greedy (log-probs at T = 1). ``seed`` seeds sampling in a forked RNG, so the caller's
-    random stream (a training run's) is left untouched. ``backend="vllm"`` needs vLLM and a path.
+    random stream (a training run's) is left untouched. ``backend="vllm"`` needs vLLM and a path. ``sampler``:
+    how transformers draws each token (:mod:`~capo_trl.evaluation.sampler`; ``"inverse_cdf"`` is cheaper on a CPU,
+    from the same distribution, with other draws than the default's).
     Bad settings or problems raise a :class:`~capo_trl.errors.UsageError` (a ValueError) before
     any model is loaded (:func:`check_settings`).
 
@@ -216,17 +225,20 @@ def evaluate(model, tokenizer, problems, n: int = 16, *, ks: list[int] | None = 
     """
     ks, rows, cal_rows = _checked_inputs(problems, calibrate_on, calibration, target_precision, n=n, ks=ks,
                                          temperature=temperature, top_p=top_p, top_k=top_k,
-                                         max_new_tokens=max_new_tokens, batch_size=batch_size, backend=backend)
+                                         max_new_tokens=max_new_tokens, batch_size=batch_size, backend=backend,
+                                         sampler=sampler)
     settings = dict(n=n, ks=ks, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
-                    backend=backend, seed=seed,
+                    backend=backend, sampler=sampler, seed=seed,
                     confidence="s = mean token log-prob (incl. EOS) of log_softmax(logits / T); ECE/Brier use exp(s)")
     path = str(model) if isinstance(model, (str, Path)) else None
     model, tokenizer, grader = _loaded(model, tokenizer, path, backend, device, dtype, grader)
+    if backend != "vllm":  # the weights' dtype changes the samples: the report says which ran
+        settings["dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
 
     def draw(part, part_seed):
         return _draw(model, tokenizer, path, part, part_seed, grader, n=n, temperature=temperature, top_p=top_p,
                      top_k=top_k, max_new_tokens=max_new_tokens, batch_size=batch_size, backend=backend,
-                     progress=progress)
+                     sampler=sampler, progress=progress)
 
     samples = draw(rows, seed)
     metrics, per_problem, curves = compute_metrics(samples, n, ks, grader.equivalent, n_bins=n_bins,
@@ -275,7 +287,7 @@ def _check_calibration(calibration: str, target_precision: float | None, calibra
 
 
 def _draw(model, tokenizer, path, part, part_seed, grader, *, n, temperature, top_p, top_k, max_new_tokens,
-          batch_size, backend, progress) -> list[dict]:
+          batch_size, backend, progress, sampler="multinomial") -> list[dict]:
     """``n`` graded samples per problem of ``part`` (seeded by ``part_seed``), by vLLM or transformers."""
     if backend == "vllm":
         drawn = _sample_vllm(path, _prompt_ids(tokenizer, [r["prompt"] for r in part]), n, temperature, top_p,
@@ -287,7 +299,7 @@ def _draw(model, tokenizer, path, part, part_seed, grader, *, n, temperature, to
         try:
             with _seeded(part_seed, next(model.parameters()).device), torch.no_grad():
                 drawn = _sample_transformers(model, tokenizer, prompt_ids, n, temperature, top_p, top_k,
-                                             max_new_tokens, batch_size, progress)
+                                             max_new_tokens, batch_size, progress, sampler)
         finally:
             model.train(was_training)
     texts = tokenizer.batch_decode([ids for ids, _ in drawn], skip_special_tokens=True)

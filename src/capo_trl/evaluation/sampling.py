@@ -35,6 +35,7 @@ def _load_model(model, device, dtype):
     from transformers import AutoModelForCausalLM
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype  # "bfloat16" from the CLI
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     return AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype).to(device)
 
@@ -68,8 +69,11 @@ def _eos_ids(model, tokenizer) -> list[int]:
 
 # ------------------------------------------------------------------------------------ sampling
 def _sample_transformers(model, tokenizer, prompt_ids, n, temperature, top_p, top_k, max_new_tokens,
-                         batch_size, progress) -> list[tuple[list[int], list[float]]]:
-    """(completion ids up to and including EOS, their token log-probs) per (problem, draw)."""
+                         batch_size, progress, sampler: str = "multinomial") -> list[tuple[list[int], list[float]]]:
+    """(completion ids up to and including EOS, their token log-probs) per (problem, draw); ``sampler``: how each
+    token is drawn (:mod:`~capo_trl.evaluation.sampler`)."""
+    from .sampler import sampling as drawing
+
     from transformers import GenerationConfig
 
     eos = _eos_ids(model, tokenizer)
@@ -89,7 +93,7 @@ def _sample_transformers(model, tokenizer, prompt_ids, n, temperature, top_p, to
         input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=device)
         mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
         recorder = RolloutLogprobRecorder(temperature if sampling else 1.0)
-        with recorder.attached(model), shared_prefill(model):  # a problem's n draws share one prompt forward
+        with recorder.attached(model), shared_prefill(model), drawing(sampler):  # a problem's n draws: one prefill
             generated = model.generate(input_ids=input_ids, attention_mask=mask, generation_config=config)
         completions = []
         for row in generated[:, width:].tolist():
@@ -113,9 +117,13 @@ def _sample_vllm(path, prompt_ids, n, temperature, top_p, top_k, max_new_tokens,
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    from vllm.platforms import current_platform
+
     llm = LLM(model=path, seed=seed or 0, logprobs_mode="processed_logprobs")  # like TRL's colocate mode
+    # vLLM's CPU build has no per-request generator ("CPU Generator does not use offset"): there the engine's seed
+    # alone seeds the draws, so the same problems in the same order give the same samples
     params = SamplingParams(n=n, temperature=temperature, top_p=top_p, top_k=top_k or -1,
-                            max_tokens=max_new_tokens, logprobs=0, seed=seed)
+                            max_tokens=max_new_tokens, logprobs=0, seed=None if current_platform.is_cpu() else seed)
     results = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params)
     out = []
     for res in results:

@@ -78,6 +78,8 @@ class Test:
     seed: int = 0
     batch_size: int = 64
     split: str = "test"
+    dtype: str = "float32"  # the weights' dtype when testing; bfloat16 pays only on a CPU with AMX (docs/studies.md)
+    sampler: str = "multinomial"  # how each token is drawn (capo-trl eval --sampler): torch's draws, or inverse_cdf
 
 
 # A metric a study may name as a safety endpoint or a descriptive: one its records hold (a kind of the task's items,
@@ -85,7 +87,9 @@ class Test:
 METRIC = re.compile(r"(?:(?:derivable|guessable)/)?(?:accuracy|auroc|auroc_question|ece|e_aurc|finished_frac|"
                     r"mean_tokens|answered_frac|mean_score|mean_confidence|modal_share|problems)"
                     r"|(?:coverage|precision)@0?\.\d+|(?:pass|maj|pc|rpc|bon|mean)@\d+")
-SPLITS = ("train", "validation", "test")  # an embedded task's splits (a study's arms train on embedded tasks)
+SPLITS = ("train", "validation", "test")
+DTYPES = ("float32", "bfloat16")  # capo-trl eval --dtype
+SAMPLERS = ("multinomial", "inverse_cdf")  # capo-trl eval --sampler  # an embedded task's splits (a study's arms train on embedded tasks)
 
 
 def names(value, where: str, metrics: bool = True) -> tuple[str, ...]:
@@ -109,7 +113,12 @@ def read_test(value, where: str) -> Test:
         raise UsageError(f"{where}: unknown keys {unknown}; the keys are {fields}.")
     if "split" in value and value["split"] not in SPLITS:
         raise UsageError(f"{where}.split = {value['split']!r}; use one of {list(SPLITS)}.")
-    return Test(**{k: v if k == "split" else number(v, f"{where}.{k}", 0 if k == "seed" else 1, integer=True)
+    if "dtype" in value and value["dtype"] not in DTYPES:
+        raise UsageError(f"{where}.dtype = {value['dtype']!r}; use one of {list(DTYPES)}.")
+    if "sampler" in value and value["sampler"] not in SAMPLERS:
+        raise UsageError(f"{where}.sampler = {value['sampler']!r}; use one of {list(SAMPLERS)}.")
+    return Test(**{k: v if k in ("split", "dtype", "sampler") else number(v, f"{where}.{k}", 0 if k == "seed" else 1,
+                                                                integer=True)
                    for k, v in value.items()})
 
 

@@ -193,3 +193,34 @@ def render_screen(result: dict, study: Study) -> str:
     pick = result["pick"]
     lines += ["", f"**Pick: `{pick}`**." if pick else "**No arm qualifies**: none is picked."]
     return "\n".join(lines) + "\n"
+
+
+def run_seconds(record: dict) -> tuple[float, float] | None:
+    """A record's (training, test) wall seconds: every training attempt summed (a resumed run paid each), or None
+    when its runner kept no times. One thread each, so core-seconds."""
+    if "train_s" not in record or "test_s" not in record:
+        return None
+    train = record["train_s"]
+    return float(sum(train) if isinstance(train, list) else train), float(record["test_s"])
+
+
+def render_cost(study: Study, into=None) -> str:
+    """What a run of each arm cost, as its records measured it: the sentence a study's page states."""
+    runs = records(study, into)
+    parts = []
+    for arm in study.own_arms():
+        times = [t for t in map(run_seconds, runs[arm].values()) if t is not None]
+        if not times:
+            continue
+        total = sorted((a + b) / 60 for a, b in times)
+        train = float(np.median([a for a, _ in times])) / 60
+        test = float(np.median([b for _, b in times])) / 60
+        parts.append(f"`{arm}` {float(np.median(total)):.0f} core-minutes (training {train:.0f}, test {test:.0f}; "
+                     f"{total[0]:.0f} to {total[-1]:.0f} over {len(times)} runs)")
+    if not parts:
+        return ("Cost per run: not measured; no record of this study holds its run's time (its runner did not keep "
+                "it).\n")
+    hours = sum(sum(map(sum, filter(None, map(run_seconds, r.values())))) for arm, r in runs.items()
+                if arm in study.own_arms()) / 3600
+    return (f"Cost per run, as the records measured it (wall time of one thread, as the runner kept it; the machines "
+            f"and their loads varied): {'; '.join(parts)}. All of this study's runs: {hours:.1f} core-hours.\n")

@@ -50,6 +50,7 @@ from ..methods.base import verbalized_inputs
 from .model_card import CAPO_PAPER, name_local_models, settings_section
 from .monitor import DriftWatch, rollout_metrics, truncation_signals
 from ..evaluation.prefill import shared_prefill
+from ..evaluation.sampler import sampling
 from ..evaluation.recorder import RolloutLogprobRecorder, distribution_changes
 from .reference import (ReferenceScoreCache, adapter_is_identity, add_reference_adapter, build_reference,
                         check_peft_reference, snapshot)
@@ -191,8 +192,7 @@ class CAPOTrainer(CheckpointedState, MethodLosses, ReferenceScoring, GRPOTrainer
         if args.share_prompt_in_loss and self.accelerator.num_processes > 1:
             raise UsageError(f"CAPOConfig.share_prompt_in_loss=True runs in one process only (it has not run with "
                              f"{self.accelerator.num_processes}); set share_prompt_in_loss=False.")
-        self._method_state = self.method.make_state(self.num_generations)
-        self._lower = lower_layer_states(self, args)
+        self._method_state, self._lower = self.method.make_state(self.num_generations), lower_layer_states(self, args)
         context = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
         check_prompt_lengths(self.train_dataset, getattr(self.processing_class, "tokenizer", self.processing_class),
                              context, self.max_completion_length, "train_dataset")
@@ -244,11 +244,11 @@ class CAPOTrainer(CheckpointedState, MethodLosses, ReferenceScoring, GRPOTrainer
         model = self.accelerator.unwrap_model(self.model_wrapped)
         shared = shared_prefill(model) if self.args.share_prompt_prefill else nullcontext()
         if not self._records_rollout_logps():
-            with shared:
+            with shared, sampling(self.args.sampler):
                 return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
                                                      has_tool_images)
         recorder = RolloutLogprobRecorder(self.temperature)
-        with recorder.attached(model), shared:  # the recorder inside: it sees the shared-cache generate's steps
+        with recorder.attached(model), shared, sampling(self.args.sampler):  # it sees the shared-cache generate's steps
             completion_ids, logprobs = super()._generate_single_turn(
                 prompt_ids, images, multimodal_fields, num_generations, has_tool_images
             )
