@@ -63,3 +63,32 @@ def render_sampling() -> str:
 
 COST_RENDER = {"smollm2-step-cost": render_step_cost, "smollm2-run-cost": render_run_cost,
                "smollm2-sampling": render_sampling}
+
+
+def render_rerun() -> str:
+    """A committed record rerun under newer code (``scripts/rerun_record.py --out``): each endpoint, and how far the
+    logged training values moved."""
+    data = _load("rerun-capo-paper-seed307.json")
+    old = json.loads((FOLDER.parent.parent.parent / data["record"]).read_text())
+    new = data["rerun"]
+    lines = ["| endpoint | record | rerun | difference |", "|---|---|---|---|"]
+    for key in [k for k in old if k in ("accuracy", "auroc", "auroc_question", "ece", "e_aurc", "mean_tokens",
+                                        "finished_frac", "answered_frac") or "/" in k]:
+        a, b = old[key], new[key]
+        lines.append(f"| {key} | {a:.10g} | {b:.10g} | {abs(a - b):.1e} |")
+    pairs = [(a[k], b[k]) for a, b in zip(old["train"], new["train"]) for k in a
+             if k not in ("step", "step_time") and isinstance(a[k], float)]
+    moved = [abs(a - b) / max(abs(a), 1e-12) for a, b in pairs if a != b]
+    steps = data["step5_grad_norm_on_this_machine"]
+    return "\n".join(lines) + (
+        f"\n\nLogged training values (every 5 steps, wall times aside): {len(pairs)} compared, {len(moved)} not equal, "
+        f"the largest relative difference {max(moved, default=0):.1e}. The record's grad_norm at step 5 was "
+        f"{steps['record']!r}; on this machine the frozen commit gave {steps['frozen commit a8963a0']!r}, and the new "
+        f"code {steps['new code, share_lower_layers on']!r} with `share_lower_layers` on and "
+        f"{steps['new code, share_lower_layers off']!r} with it off. The frozen commit's whole run on this machine "
+        f"({data['frozen_commit_rerun_on_this_machine']['commit'][:7]}, trained and tested as the study's runner does) "
+        f"differed from the new code's rerun in {len(data['differences_from_frozen_commit_rerun'])} of these values "
+        f"and endpoints.\n")
+
+
+COST_RENDER["smollm2-rerun"] = render_rerun

@@ -113,7 +113,7 @@ def _signal(where: str, args, model, tokenizer, problems) -> str:
     n = args.num_generations
     result = evaluate(model, tokenizer, problems, n=n, temperature=args.temperature, top_p=args.top_p,
                       top_k=args.top_k or 0, max_new_tokens=args.max_completion_length, seed=0, progress=False,
-                      bootstrap=0, device="cpu")
+                      bootstrap=0, device="cpu", sampler=args.sampler)  # the arm's draws, as its rollouts make them
     grades: dict = {}
     for sample in result.samples:
         grades.setdefault(sample["id"], []).append(sample["grade"] or 0.0)
