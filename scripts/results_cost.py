@@ -68,7 +68,7 @@ COST_RENDER = {"smollm2-step-cost": render_step_cost, "smollm2-run-cost": render
 def render_rerun() -> str:
     """A committed record rerun under newer code (``scripts/rerun_record.py --out``): each endpoint, and how far the
     logged training values moved."""
-    data = _load("rerun-capo-paper-seed307.json")
+    data = _load("rerun-capo-paper-307.json")
     old = json.loads((FOLDER.parent.parent.parent / data["record"]).read_text())
     new = data["rerun"]
     lines = ["| endpoint | record | rerun | difference |", "|---|---|---|---|"]

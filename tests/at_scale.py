@@ -75,10 +75,10 @@ forwards = []  # (rows) of every reference forward this process ran
 original = trainer._forward_logps
 
 
-def counting(model_, out, rows=None, shared=False):
+def counting(model_, out, rows=None, shared=False, lower=None):
     if model_ is trainer._capo_ref_model or trainer._capo_ref_model is None and model_ is trainer.model:
         forwards.append(out["completion_ids"].size(0) if rows is None else int(rows.numel()))
-    return original(model_, out, rows, shared)
+    return original(model_, out, rows, shared, lower)
 
 
 trainer._forward_logps = counting
