@@ -207,9 +207,10 @@ def run_seconds(record: dict) -> tuple[float, float] | None:
 def render_cost(study: Study, into=None) -> str:
     """What a run of each arm cost, as its records measured it: the sentence a study's page states."""
     runs = records(study, into)
-    parts = []
+    parts, seconds = [], 0.0
     for arm in study.own_arms():
         times = [t for t in map(run_seconds, runs[arm].values()) if t is not None]
+        seconds += sum(a + b for a, b in times)
         if not times:
             continue
         total = sorted((a + b) / 60 for a, b in times)
@@ -220,7 +221,6 @@ def render_cost(study: Study, into=None) -> str:
     if not parts:
         return ("Cost per run: not measured; no record of this study holds its run's time (its runner did not keep "
                 "it).\n")
-    hours = sum(sum(map(sum, filter(None, map(run_seconds, r.values())))) for arm, r in runs.items()
-                if arm in study.own_arms()) / 3600
+    hours = seconds / 3600
     return (f"Cost per run, as the records measured it (wall time of one thread, as the runner kept it; the machines "
             f"and their loads varied): {'; '.join(parts)}. All of this study's runs: {hours:.1f} core-hours.\n")

@@ -82,6 +82,7 @@ class LowerLayerStates:
 
     def __init__(self, model, first: int):
         self.model, self.first = model, first
+        self._decoder, self._layers = _decoder_layers(model)
         self._states: dict[bytes, torch.Tensor] = {}
         self._recording = False
         self.replayed = self.forwarded = 0  # chunks of the policy's forwards: started from the states / all
@@ -110,7 +111,7 @@ class LowerLayerStates:
         if not self._recording:
             yield
             return
-        layer = _decoder_layers(self.model)[1][self.first]
+        layer = self._layers[self.first]
 
         def hook(module, args, kwargs):
             hidden = args[0] if args else kwargs["hidden_states"]
@@ -127,7 +128,7 @@ class LowerLayerStates:
     def replay(self):
         """The decoder with its adapted layers only, renumbered from 0 (so a fresh cache's first layer is theirs):
         a forward given ``inputs_embeds=`` the recorded states runs what the full forward runs above them."""
-        decoder, layers = _decoder_layers(self.model)
+        decoder, layers = self._decoder, self._layers
         top = list(layers[self.first:])
         shifted = [(m, m.layer_idx) for layer in top for m in layer.modules() if isinstance(getattr(m, "layer_idx", None), int)]
         for module, index in shifted:
